@@ -1,0 +1,1 @@
+"""Puzzletron: distillation-based neural architecture search. This distribution ships its data stage."""

@@ -1,0 +1,5 @@
+import sys
+
+from puzzletron.cli import main
+
+sys.exit(main())
