@@ -1,0 +1,176 @@
+"""Crash-safe publication of a directory: an exclusive lock, a transaction directory, fsync, one rename.
+
+The protocol every writer of a destination follows::
+
+    with locked(dest):                      # one writer per destination, across processes
+        if complete(dest):
+            reuse(dest)
+        else:
+            with staging_dir(dest) as tmp:  # <parent>/.<name>.txn-<pid>-<token>
+                write(tmp)                  # on exit: fsync tree, rename(tmp, dest), fsync parent
+
+A run killed at any point leaves either no destination or a complete one; its transaction directory is
+swept by the next holder of the lock. Because a transaction directory is only ever created by the holder
+of the destination lock, every transaction directory found while holding that lock is stale: this avoids
+trusting pids, which the kernel reuses.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+__all__ = ["fsync_tree", "locked", "staging_dir", "sweep_stale", "txn_prefix"]
+
+logger = logging.getLogger(__name__)
+
+# Destinations locked by this process -> the thread holding it; lets `staging_dir` check the protocol.
+_HELD: dict[str, int] = {}
+_HELD_GUARD = threading.Lock()
+
+
+def _fsync_path(path: Path, *, directory: bool) -> None:
+    flags = os.O_RDONLY | (os.O_DIRECTORY if directory else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every regular file and directory below `path` (symlinks are not followed), then `path`."""
+    path = Path(path)
+    if not path.is_dir() or path.is_symlink():
+        _fsync_path(path, directory=False)
+        return
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            file = Path(root, name)
+            if file.is_file() and not file.is_symlink():
+                _fsync_path(file, directory=False)
+        for name in dirs:
+            sub = Path(root, name)
+            if not sub.is_symlink():
+                _fsync_path(sub, directory=True)
+    _fsync_path(path, directory=True)
+
+
+def txn_prefix(destination: Path) -> str:
+    """The name prefix of transaction directories of `destination` (they live in its parent)."""
+    return f".{Path(destination).name}.txn-"
+
+
+def _lock_path(destination: Path) -> Path:
+    destination = Path(destination)
+    return destination.parent / f".{destination.name}.lock"
+
+
+def _key(destination: Path) -> str:
+    return str(Path(os.path.abspath(destination)))
+
+
+def sweep_stale(destination: Path) -> list[Path]:
+    """Remove the transaction directories of `destination`; call only while holding `locked(destination)`."""
+    destination = Path(destination)
+    removed = []
+    if not destination.parent.is_dir():
+        return removed
+    prefix = txn_prefix(destination)
+    for entry in sorted(destination.parent.iterdir()):
+        if entry.name.startswith(prefix):
+            logger.info("removing stale transaction directory %s", entry)
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+            removed.append(entry)
+    if removed:
+        _fsync_path(destination.parent, directory=True)
+    return removed
+
+
+@contextmanager
+def locked(destination: Path) -> Iterator[None]:
+    """Hold an exclusive, inter-process lock on `destination` (blocking); sweep its stale transactions.
+
+    The lock is `flock` on `<parent>/.<name>.lock`. The lock file is removed on release; a waiter that
+    acquired a lock file already unlinked by the previous holder notices (inode changed) and retries, so
+    removal never lets two holders in at once.
+    """
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = _lock_path(destination)
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            break
+        os.close(fd)
+    key = _key(destination)
+    with _HELD_GUARD:
+        _HELD[key] = threading.get_ident()
+    try:
+        sweep_stale(destination)
+        yield
+    finally:
+        with _HELD_GUARD:
+            _HELD.pop(key, None)
+        with suppress(FileNotFoundError):
+            os.unlink(lock_path)
+        os.close(fd)
+
+
+def _holds(destination: Path) -> bool:
+    with _HELD_GUARD:
+        return _HELD.get(_key(destination)) == threading.get_ident()
+
+
+def _check_free(destination: Path) -> None:
+    if destination.is_symlink() or (destination.exists() and not destination.is_dir()):
+        raise FileExistsError(errno.EEXIST, "destination exists and is not a directory", str(destination))
+    if destination.is_dir() and any(destination.iterdir()):
+        raise FileExistsError(errno.ENOTEMPTY, "destination exists and is not empty", str(destination))
+
+
+@contextmanager
+def staging_dir(destination: Path) -> Iterator[Path]:
+    """Yield a fresh transaction directory; publish it as `destination` on normal exit, remove it on error.
+
+    `destination` must be absent or an empty directory (which the rename replaces atomically). Takes
+    `locked(destination)` itself when the calling thread does not already hold it.
+    """
+    destination = Path(destination)
+    if not _holds(destination):
+        with locked(destination), staging_dir(destination) as tmp:
+            yield tmp
+        return
+    _check_free(destination)
+    tmp = destination.parent / f"{txn_prefix(destination)}{os.getpid()}-{secrets.token_hex(8)}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        fsync_tree(tmp)
+        _fsync_path(destination.parent, directory=True)
+        _check_free(destination)
+        os.rename(tmp, destination)
+        _fsync_path(destination.parent, directory=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
