@@ -1,0 +1,184 @@
+"""Pure, vectorised tensor math over packed sequences: canonical ids, cumulative lengths, media ranges.
+
+Vocabulary (shapes in brackets, lengths in tokens):
+
+- *ids* ``[B, T]``: a sample id per token, ``-1`` on padding. A *sample* is a maximal run of equal
+  non-negative values inside one row; raw ids may restart in every row (``[[0,0,1,-1],[0,0,0,-1]]``).
+- *canonical ids*: the same samples numbered ``0..n-1`` in row-major run order, unique across the batch::
+
+      raw        [[ 5  5  5  7  7 -1]      canonical  [[ 0  0  0  1  1 -1]
+                  [ 5  5  5  5 -1 -1]]                 [ 2  2  2  2 -1 -1]]
+      cu_seqlens [0, 3, 5, 9]   (over valid tokens, rows concatenated after removing padding)
+      max_seqlen 4
+
+- *cu* ``[n + 1]`` int32: ``0, cumsum(lengths)`` (the flash-attention ``cu_seqlens`` convention).
+
+Every function here is loop-free over tokens and samples (``diff``/``cumsum``/``scatter_add``); the only host
+syncs are the ones a result that lives on the host needs (``max_seqlen`` as an ``int``, offsets as tuples).
+These helpers are private to the package but their names and signatures are stable: ``automodel.py``,
+``packing.py`` and ``parallel.py`` import them.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import NamedTuple
+
+import torch
+
+__all__ = [
+    "CanonicalIds",
+    "canonical_packed_ids",
+    "counts_per_sample",
+    "cu_from_counts",
+    "cu_from_seq_ids",
+    "first_token_positions",
+    "max_segment_length",
+    "media_offsets_from_counts",
+    "patch_offsets_from_grid",
+    "sample_offsets_from_cu",
+    "seq_ids_from_cu",
+]
+
+
+class CanonicalIds(NamedTuple):
+    """Result of :func:`canonical_packed_ids` (unpacks as ``seq_ids, cu_seqlens, max_seqlen``).
+
+    - ``seq_ids`` ``[B, T]`` int64: global sample id per token (``0..n-1``, row-major), ``-1`` on padding.
+    - ``cu_seqlens`` ``[n + 1]`` int32: cumulative valid-token lengths, on the device of the input.
+    - ``max_seqlen``: length of the longest sample in tokens (0 when there is no sample).
+    """
+
+    seq_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+
+    @property
+    def sample_offsets(self) -> tuple[tuple[int, int], ...]:
+        """``((cu[0], cu[1]), (cu[1], cu[2]), ...)`` as host ints (one host sync)."""
+        return sample_offsets_from_cu(self.cu_seqlens)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.cu_seqlens.numel()) - 1
+
+
+def _check_ids(ids: torch.Tensor, name: str) -> None:
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [B, T], got shape {tuple(ids.shape)}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {ids.dtype}")
+
+
+def canonical_packed_ids(ids: torch.Tensor) -> CanonicalIds:
+    """Renumber per-row sample ids ``[B, T]`` into global canonical ids, cu over valid tokens and max length.
+
+    Every maximal run of equal non-negative values in a row is one sample; negative values are padding (a
+    padding token also ends a run, so ``[1, 1, -1, 1]`` holds two samples). Cost: O(B*T) tensor ops and one
+    host sync (for ``max_seqlen``), whatever the number of samples.
+
+    >>> r = canonical_packed_ids(torch.tensor([[1, 1, 1, 2, 2, 2, 0, 0]]) - 1)
+    >>> r.seq_ids.tolist(), r.cu_seqlens.tolist(), r.max_seqlen
+    ([[0, 0, 0, 1, 1, 1, -1, -1]], [0, 3, 6], 3)
+    """
+    _check_ids(ids, "ids")
+    ids = ids.long()
+    valid = ids >= 0
+    # A run starts where the token is valid and differs from its left neighbour; column 0 always starts one
+    # (ids restarting per row must not merge with the previous row's last sample).
+    starts = valid.clone()
+    starts[:, 1:] &= (ids[:, 1:] != ids[:, :-1]) | ~valid[:, :-1]
+    # starts: [B, T] -> row-major running count of runs seen so far.
+    run_index = starts.reshape(-1).cumsum(0).reshape(ids.shape) - 1
+    seq_ids = torch.where(valid, run_index, torch.full_like(run_index, -1))
+    n = int(starts.sum())  # host sync: the size of cu is data dependent
+    counts = counts_per_sample(seq_ids, n)
+    cu = cu_from_counts(counts)
+    return CanonicalIds(seq_ids, cu, int(counts.max()) if n else 0)
+
+
+def counts_per_sample(seq_ids: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """Tokens per sample ``[num_samples]`` int64 for ids in ``0..num_samples-1`` (negatives ignored).
+
+    Uses ``scatter_add`` into a fixed-size buffer (not ``bincount``) so it never syncs on an accelerator; ids
+    ``>= num_samples`` are counted into a discarded overflow bucket.
+    """
+    flat = seq_ids.reshape(-1).long()
+    bucket = torch.where((flat >= 0) & (flat < num_samples), flat, torch.full_like(flat, num_samples))
+    counts = torch.zeros(num_samples + 1, dtype=torch.long, device=flat.device)
+    counts.scatter_add_(0, bucket, torch.ones_like(bucket))
+    return counts[:num_samples]
+
+
+def cu_from_counts(counts: torch.Tensor) -> torch.Tensor:
+    """``[n]`` lengths -> ``[n + 1]`` int32 cumulative lengths starting at 0 (same device)."""
+    cu = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=counts.device)
+    cu[1:] = counts.reshape(-1).cumsum(0)
+    return cu
+
+
+def cu_from_seq_ids(seq_ids: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
+    """cu ``[n + 1]`` int32 of canonical ids ``[B, T]`` (``n`` = ``max id + 1`` unless given; syncs then)."""
+    if num_samples is None:
+        num_samples = int(seq_ids.max()) + 1 if seq_ids.numel() else 0
+        num_samples = max(num_samples, 0)
+    return cu_from_counts(counts_per_sample(seq_ids, num_samples))
+
+
+def seq_ids_from_cu(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """Ids ``[length]`` int64 of one packed row whose samples are ``cu`` (tokens past ``cu[-1]`` get ``-1``).
+
+    >>> seq_ids_from_cu(torch.tensor([0, 3, 7]), 8).tolist()
+    [0, 0, 0, 1, 1, 1, 1, -1]
+    """
+    cu = cu_seqlens.reshape(-1).to(torch.long)
+    positions = torch.arange(length, device=cu.device)
+    # searchsorted over the right edges: token p belongs to the first sample whose end is > p.
+    ids = torch.searchsorted(cu[1:].contiguous(), positions, right=True)
+    return torch.where(positions < cu[-1], ids, torch.full_like(ids, -1))
+
+
+def first_token_positions(seq_ids: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """Flat (row-major) position of the first token of each sample ``[num_samples]`` int64.
+
+    A sample with no token gets ``seq_ids.numel()``.
+    """
+    flat = seq_ids.reshape(-1).long()
+    positions = torch.arange(flat.numel(), device=flat.device)
+    bucket = torch.where((flat >= 0) & (flat < num_samples), flat, torch.full_like(flat, num_samples))
+    first = torch.full((num_samples + 1,), flat.numel(), dtype=torch.long, device=flat.device)
+    first.scatter_reduce_(0, bucket, positions, reduce="amin")
+    return first[:num_samples]
+
+
+def max_segment_length(cu_seqlens: torch.Tensor) -> int:
+    """Largest ``cu[i+1] - cu[i]`` as an int (0 for a cu with fewer than two entries)."""
+    if cu_seqlens.numel() < 2:
+        return 0
+    return int(cu_seqlens.reshape(-1).diff().max())
+
+
+def sample_offsets_from_cu(cu_seqlens: torch.Tensor) -> tuple[tuple[int, int], ...]:
+    """``((cu[0], cu[1]), (cu[1], cu[2]), ...)`` as host ints (one host sync)."""
+    values = cu_seqlens.reshape(-1).tolist()
+    return tuple(pairwise(values))
+
+
+def media_offsets_from_counts(media_counts: torch.Tensor) -> torch.Tensor:
+    """``[B]`` images per row -> ``[B + 1]`` = ``0, cumsum(counts)`` (int64, same device)."""
+    counts = media_counts.reshape(-1).long()
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.long, device=counts.device)
+    offsets[1:] = counts.cumsum(0)
+    return offsets
+
+
+def patch_offsets_from_grid(grid_thw: torch.Tensor) -> torch.Tensor:
+    """``[M, 3]`` (t, h, w) per image -> ``[M + 1]`` first flat-patch row of each image, ``0, cumsum(t*h*w)``.
+
+    Flat ``pixel_values`` of Qwen2-VL-style processors hold ``t*h*w`` rows per image, images concatenated.
+    """
+    if grid_thw.dim() != 2:
+        raise ValueError(f"image_grid_thw must be 2-D [num_images, 3], got shape {tuple(grid_thw.shape)}")
+    return media_offsets_from_counts(grid_thw.long().prod(dim=1))
