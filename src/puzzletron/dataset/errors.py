@@ -8,6 +8,7 @@ __all__ = [
     "BatchValidationError",
     "ConfigError",
     "ConversationError",
+    "ImageError",
     "PuzzletronDataError",
     "SubsetError",
 ]
@@ -27,6 +28,10 @@ class ConfigError(PuzzletronDataError, ValueError):
 
 class ConversationError(PuzzletronDataError, ValueError):
     """A source row cannot be normalised into a conversation; the message names the row and field."""
+
+
+class ImageError(ConversationError):
+    """An image value cannot be decoded, is too large, or is a reference we may not fetch (URLs)."""
 
 
 class SubsetError(PuzzletronDataError, ValueError):

@@ -1,0 +1,176 @@
+"""Decode and validate image values, keeping their encoded bytes; the only module that imports Pillow.
+
+Accepted values: a PIL image, an HF `Image` struct `{"bytes", "path"}` (bytes win), raw bytes, or a local path
+(`str` / `Path`). URLs and the dataset-viewer `{"src": url}` form are errors: nothing here downloads.
+
+Bytes that decode cleanly are kept exactly as they came (a JPEG photo stays a JPEG: re-encoding photos as PNG
+is several times slower and larger). Only values without an encoded form (a PIL image not backed by a file, an
+array) are encoded, as PNG. Every image is fully decoded once, so truncated data and decompression bombs
+(more than `Image.MAX_IMAGE_PIXELS` pixels) are caught here, not in a training job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+
+from puzzletron.dataset.errors import ImageError
+
+__all__ = ["EncodedImage", "encode_image", "extension_for", "probe_image_bytes"]
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://|^data:", re.ASCII)
+_EXTENSIONS = {"JPEG": ".jpg", "MPO": ".jpg", "PNG": ".png", "WEBP": ".webp", "GIF": ".gif", "TIFF": ".tiff"}
+# PNG can hold these modes as they are; anything else (CMYK, YCbCr, ...) is converted to RGB(A) first.
+_PNG_MODES = {"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"}
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image ready to store: its encoded `data` and what we record about it."""
+
+    data: bytes
+    format: str  # Pillow's format name: "JPEG", "PNG", "WEBP", ...
+    width: int
+    height: int
+    sha256: str
+    reencoded: bool  # True when `data` was produced here (PNG), False when kept as given
+
+    @property
+    def size(self) -> int:
+        """Encoded size in bytes."""
+        return len(self.data)
+
+    @property
+    def extension(self) -> str:
+        """File extension for `format`, with the dot."""
+        return extension_for(self.format)
+
+
+def extension_for(fmt: str) -> str:
+    """The file extension we store a Pillow format under (`JPEG` -> `.jpg`)."""
+    return _EXTENSIONS.get(fmt.upper(), f".{fmt.lower()}")
+
+
+def _decode(data: bytes, where: str) -> tuple[str, int, int]:
+    """Fully decode `data` (format, width, height); raise `ImageError` naming `where` on any defect."""
+    if not data:
+        raise ImageError(f"{where}: empty image bytes; expected an encoded image (PNG, JPEG, WebP, ...)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                fmt, (width, height) = img.format, img.size
+                limit = Image.MAX_IMAGE_PIXELS
+                if limit is not None and width * height > limit:
+                    raise ImageError(
+                        f"{where}: decompression bomb: {width}x{height} = {width * height} pixels exceeds "
+                        f"Image.MAX_IMAGE_PIXELS = {limit}"
+                    )
+                img.load()
+                frames = getattr(img, "n_frames", 1)
+                for frame in range(1, frames):
+                    img.seek(frame)
+                    img.load()
+    except ImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageError(f"{where}: decompression bomb: {exc}") from exc
+    except UnidentifiedImageError as exc:
+        raise ImageError(f"{where}: not a decodable image ({len(data)} bytes): {exc}") from exc
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise ImageError(f"{where}: undecodable or truncated image ({len(data)} bytes): {exc}") from exc
+    if not fmt or width <= 0 or height <= 0:
+        raise ImageError(f"{where}: image has no format or an empty size ({fmt!r}, {width}x{height})")
+    return fmt, width, height
+
+
+def probe_image_bytes(data: bytes, *, where: str = "image") -> tuple[str, int, int]:
+    """Validate encoded bytes by decoding them fully; return `(format, width, height)`."""
+    return _decode(bytes(data), where)
+
+
+def _kept(data: bytes, where: str) -> EncodedImage:
+    fmt, width, height = _decode(data, where)
+    return EncodedImage(data, fmt, width, height, hashlib.sha256(data).hexdigest(), reencoded=False)
+
+
+def _png(img: Image.Image, where: str) -> EncodedImage:
+    width, height = img.size
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
+        raise ImageError(
+            f"{where}: decompression bomb: {width}x{height} exceeds Image.MAX_IMAGE_PIXELS = {limit}"
+        )
+    if img.mode not in _PNG_MODES:
+        img = img.convert("RGBA" if "A" in img.getbands() else "RGB")
+    buffer = io.BytesIO()
+    try:
+        img.save(buffer, format="PNG")
+    except (OSError, ValueError) as exc:
+        raise ImageError(f"{where}: cannot encode the image as PNG: {exc}") from exc
+    data = buffer.getvalue()
+    return EncodedImage(data, "PNG", width, height, hashlib.sha256(data).hexdigest(), reencoded=True)
+
+
+def _read_local(path: str | Path, where: str) -> bytes:
+    text = str(path)
+    if _URL.match(text):
+        raise ImageError(
+            f"{where}: {text!r} is a URL; materialisation never downloads, pass bytes or a local file"
+        )
+    file = Path(path)
+    if not file.is_file():
+        raise ImageError(f"{where}: local image file {text!r} does not exist or is not a regular file")
+    return file.read_bytes()
+
+
+def encode_image(value: Any, *, where: str = "image") -> EncodedImage:
+    """Turn an accepted image value into validated encoded bytes plus its format, size and SHA-256.
+
+    `where` names the row and field in every error message (`ImageError`, a `ConversationError`).
+    """
+    if isinstance(value, Image.Image):
+        filename = getattr(value, "filename", "") or ""
+        if filename and Path(filename).is_file() and value.format:
+            data = Path(filename).read_bytes()
+            kept = _kept(data, f"{where} (file {filename})")
+            if (kept.width, kept.height) == value.size and kept.format == value.format:
+                return kept
+        return _png(value, where)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return _kept(bytes(value), where)
+    if isinstance(value, str | Path):
+        return _kept(_read_local(value, where), where)
+    if isinstance(value, Mapping):
+        if "src" in value or "url" in value:
+            url = value.get("src", value.get("url"))
+            raise ImageError(
+                f"{where}: {{'src': {url!r}}} is a dataset-viewer URL reference; "
+                "materialisation never downloads"
+            )
+        data, path = value.get("bytes"), value.get("path")
+        if data:
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise ImageError(f"{where}: struct 'bytes' must be bytes, got {type(data).__name__}")
+            return _kept(bytes(data), where)
+        if path:
+            return _kept(_read_local(path, where), where)
+        raise ImageError(f"{where}: image struct has neither 'bytes' nor 'path'")
+    if hasattr(value, "__array_interface__"):
+        try:
+            img = Image.fromarray(value)
+        except (TypeError, ValueError) as exc:
+            raise ImageError(f"{where}: array cannot be read as an image: {exc}") from exc
+        return _png(img, where)
+    raise ImageError(
+        f"{where}: unsupported image value of type {type(value).__name__}; expected a PIL image, "
+        "an {'bytes', 'path'} struct, bytes or a local path"
+    )
