@@ -1,0 +1,211 @@
+"""Everything that talks to the Hugging Face Hub (or a mirror of it): the only module importing
+`huggingface_hub`.
+
+Files are fetched whole with `hf_hub_download` (cached under ``$HF_HOME/hub``, resumable) and read
+locally: mirrors and proxies often ignore HTTP ``Range`` and answer with the whole file, which breaks any
+reader that seeks inside a remote parquet file. Callers fetch one shard at a time, in a seeded order, and
+stop as soon as they have enough rows, so a bounded snapshot downloads a bounded number of shards.
+
+The endpoint (``HF_ENDPOINT``), cache (``HF_HUB_CACHE`` / ``HF_HOME``) and token (``HF_TOKEN``) are read
+from the environment at every call, not at import time, and passed explicitly.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import random
+import re
+import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub import errors as hf_errors
+
+from puzzletron.dataset.errors import AcquisitionError
+
+__all__ = [
+    "cache_dir",
+    "download",
+    "endpoint",
+    "hub_errors",
+    "is_commit_sha",
+    "iter_parquet_tables",
+    "list_files",
+    "read_member",
+    "resolve_revision",
+    "split_patterns",
+    "tar_members",
+]
+
+logger = logging.getLogger(__name__)
+
+_SHA = re.compile(r"[0-9a-f]{40}")
+_DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+def endpoint() -> str:
+    """The Hub endpoint in effect now: ``HF_ENDPOINT`` or huggingface.co."""
+    return os.environ.get("HF_ENDPOINT", "").rstrip("/") or _DEFAULT_ENDPOINT
+
+
+def cache_dir() -> Path:
+    """The Hub file cache in effect now: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else the default."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
+    )
+    return Path(home) / "hub"
+
+
+def _token() -> str | None:
+    return os.environ.get("HF_TOKEN") or None
+
+
+def is_commit_sha(revision: str | None) -> bool:
+    """Whether `revision` is a full 40-hex commit sha (used as given, never resolved)."""
+    return bool(revision) and _SHA.fullmatch(revision) is not None  # type: ignore[arg-type]
+
+
+def _status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+@contextmanager
+def hub_errors(source: str, revision: str | None, action: str) -> Iterator[None]:
+    """Turn any Hub, HTTP or connection failure inside the block into an `AcquisitionError` naming
+    `source`, `revision`, the endpoint and what to do about it."""
+    where = f"{source}@{revision or 'main'} on {endpoint()}"
+    try:
+        yield
+    except AcquisitionError:
+        raise
+    except hf_errors.GatedRepoError as exc:
+        raise AcquisitionError(
+            f"{action} {where}: access denied (gated or private repository, HTTP {_status(exc)}); accept "
+            "its conditions on the Hub and set HF_TOKEN to a token that may read it"
+        ) from exc
+    except hf_errors.RevisionNotFoundError as exc:
+        raise AcquisitionError(
+            f"{action} {where}: revision not found; check the revision (a commit sha, or None for main)"
+        ) from exc
+    except hf_errors.RepositoryNotFoundError as exc:
+        raise AcquisitionError(
+            f"{action} {where}: repository not found or not accessible (HTTP {_status(exc)}); check the "
+            "source name, set HF_ENDPOINT to your mirror, or set HF_TOKEN for a private repository"
+        ) from exc
+    except hf_errors.HfHubHTTPError as exc:
+        status = _status(exc)
+        if status in (401, 403):
+            fix = "set HF_TOKEN to a token that may read it (gated or private repository)"
+        elif status is not None and status >= 500:
+            fix = (
+                "check the revision and that the server at HF_ENDPOINT is healthy "
+                "(some mirrors answer 500 for an unknown revision)"
+            )
+        else:
+            fix = "check the source, revision and HF_ENDPOINT"
+        raise AcquisitionError(f"{action} {where}: HTTP {status}; {fix}") from exc
+    except (hf_errors.HTTPError, hf_errors.EntryNotFoundError, OSError) as exc:
+        raise AcquisitionError(
+            f"{action} {where}: {type(exc).__name__}: {exc}; the connection failed or the file is missing "
+            "at this revision. Check that HF_ENDPOINT is reachable and the revision has the file, then "
+            "rerun (completed downloads are cached and reused)"
+        ) from exc
+
+
+def resolve_revision(source: str, revision: str | None) -> str:
+    """A commit sha for `revision`: a sha as given; ``None``/``"main"``/``"latest"`` -> current ``main``
+    (always passing an explicit revision to the API: some mirrors reject a missing one); any other name
+    (branch or tag) -> its commit."""
+    if is_commit_sha(revision):
+        return revision  # type: ignore[return-value]
+    ref = "main" if revision in (None, "", "main", "latest") else revision
+    with hub_errors(source, ref, "resolving the revision of"):
+        info = HfApi(endpoint=endpoint(), token=_token()).dataset_info(source, revision=ref)
+    if not is_commit_sha(info.sha):
+        raise AcquisitionError(
+            f"{source}@{ref} on {endpoint()}: the Hub returned no commit sha ({info.sha!r})"
+        )
+    logger.info("resolved %s@%s to %s", source, ref, info.sha)
+    return info.sha  # type: ignore[return-value]
+
+
+def split_patterns(source: str, revision: str) -> dict[str, list[str]]:
+    """``{split: [glob, ...]}`` of the default config (the README ``configs:`` block) at `revision`."""
+    with hub_errors(source, revision, "reading the dataset card of"):
+        info = HfApi(endpoint=endpoint(), token=_token()).dataset_info(source, revision=revision)
+    card = info.card_data.to_dict() if info.card_data is not None else {}
+    out: dict[str, list[str]] = {}
+    for config in card.get("configs") or []:
+        if config.get("config_name", "default") != "default":
+            continue
+        for entry in config.get("data_files") or []:
+            paths = entry.get("path")
+            out[entry["split"]] = [paths] if isinstance(paths, str) else list(paths)
+    return out
+
+
+def list_files(source: str, revision: str, pattern: str = "*") -> list[str]:
+    """Sorted repository paths at `revision` matching the glob `pattern` (``*`` crosses ``/``)."""
+    with hub_errors(source, revision, "listing files of"):
+        files = HfApi(endpoint=endpoint(), token=_token()).list_repo_files(
+            source, repo_type="dataset", revision=revision
+        )
+    return sorted(f for f in files if fnmatch.fnmatchcase(f, pattern))
+
+
+def download(source: str, path: str, revision: str) -> Path:
+    """The local path of the whole file `path` at `revision` (downloaded once into the Hub cache)."""
+    with hub_errors(source, revision, f"downloading {path} of"):
+        local = hf_hub_download(
+            source,
+            path,
+            repo_type="dataset",
+            revision=revision,
+            endpoint=endpoint(),
+            cache_dir=cache_dir(),
+            token=_token(),
+        )
+    logger.debug("fetched %s/%s@%s -> %s", source, path, revision, local)
+    return Path(local)
+
+
+def iter_parquet_tables(path: Path, *, rng: random.Random | None = None) -> Iterator[pa.Table]:
+    """One table per row group of a local parquet file; with `rng`, row groups in a random order and
+    rows shuffled within each (memory: one row group)."""
+    reader = pq.ParquetFile(path)
+    groups = list(range(reader.num_row_groups))
+    if rng is not None:
+        rng.shuffle(groups)
+    for group in groups:
+        table = reader.read_row_group(group)
+        if rng is not None and table.num_rows > 1:
+            order = list(range(table.num_rows))
+            rng.shuffle(order)
+            table = table.take(pa.array(order, type=pa.int64()))
+        yield table
+
+
+def tar_members(path: Path) -> dict[str, tuple[int, int]]:
+    """``{member name: (offset, size)}`` of the regular files of a local tar shard."""
+    with tarfile.open(path, mode="r:") as tar:
+        return {m.name: (m.offset_data, m.size) for m in tar.getmembers() if m.isfile()}
+
+
+def read_member(path: Path, span: tuple[int, int]) -> bytes:
+    """The bytes of one tar member given its ``(offset, size)`` from `tar_members`."""
+    offset, size = span
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        data = handle.read(size)
+    if len(data) != size:
+        raise AcquisitionError(f"tar shard {path} is truncated at member offset {offset}")
+    return data

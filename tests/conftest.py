@@ -1,0 +1,72 @@
+"""Shared fixtures: the generated fixture Hub and a running olah mirror of it on loopback.
+
+``fixture_hub`` generates the four fixture repositories once per session (about a second);
+``hub_endpoint`` serves them with olah and points ``HF_ENDPOINT`` at it, with a session-temporary
+``HF_HOME`` so no Hub cache leaks between runs (the library reads both at call time).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from puzzletron.fixtures.hub import FixtureHub, generate_fixture_hub
+from puzzletron.fixtures.mirror import serve_hub
+
+_HUB_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+class _SessionEnv:
+    """Set and restore environment variables for a whole session (monkeypatch is function-scoped)."""
+
+    def __init__(self) -> None:
+        self._saved: dict[str, str | None] = {}
+
+    def set(self, name: str, value: str | None) -> None:
+        self._saved.setdefault(name, os.environ.get(name))
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+    def restore(self) -> None:
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def fixture_hub(tmp_path_factory: pytest.TempPathFactory) -> FixtureHub:
+    """The generated fixture repositories (``.root``, ``.mirrors``, ``.shas[repo_id]``, ``.repo_dir()``).
+
+    Session-wide and shared: tests must not commit to these repositories (use a private hub for that).
+    """
+    return generate_fixture_hub(tmp_path_factory.mktemp("fixture-hub"))
+
+
+@pytest.fixture(scope="session")
+def hub_endpoint(fixture_hub: FixtureHub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A running olah mirror of `fixture_hub`; ``HF_ENDPOINT`` points at it, ``HF_HOME`` is temporary."""
+    env = _SessionEnv()
+    with serve_hub(fixture_hub.root) as endpoint:
+        for name in _HUB_ENV:
+            env.set(name, None)
+        env.set("HF_ENDPOINT", endpoint)
+        env.set("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
+        try:
+            yield endpoint
+        finally:
+            env.restore()
+
+
+@pytest.fixture
+def fresh_hf_home(hub_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty Hub cache for one test (to count what it downloads)."""
+    home = tmp_path / "hf-home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    return home
