@@ -1,30 +1,188 @@
-"""STUB — replaced by the config implementation (issue 2)."""
+"""`PackingSpec` and `PuzzletronDataSpec`: the canonical ``data:`` block of a Puzzletron (Hydra) config.
+
+::
+
+    data:
+      modality: text                 # text | multimodal
+      layout: packed_varlen          # fixed | padded_varlen | packed_varlen
+      max_sample_length: 4096        # longest sample, tokens
+      packing:                       # present iff layout is packed_varlen (null otherwise)
+        pack_size: 4096              # hard row length, tokens
+        packing_ratio: 0.9           # share of pack_size a planner may fill with *estimated* lengths
+        drop_long_samples: true      # drop (and count) samples > pack_size; false raises naming the sample
+      path: /data/subset             # anything else is passed through in `spec.extras` for other stages
+
+Every message names the config key (``data.packing.pack_size`` ...) and what was expected.
+"""
 
 from __future__ import annotations
 
+import difflib
+import math
+import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from puzzletron.dataset.batch import DataLayout, Modality
+from puzzletron.dataset.errors import ConfigError
 
 __all__ = ["PackingSpec", "PuzzletronDataSpec"]
+
+_PACKING_KEYS = ("pack_size", "packing_ratio", "drop_long_samples")
+_SPEC_KEYS = ("modality", "layout", "max_sample_length", "packing")
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
+
+
+def _did_you_mean(key: str, known: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be a positive int; got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ConfigError(f"{name} must be > 0; got {value}")
+    return value
+
+
+def _strict_bool(value: Any, name: str) -> bool:
+    """``True``/``False`` or the strings true/false, yes/no, on/off, 1/0 (any case); else an error."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    raise ConfigError(f"{name} must be a boolean (true/false); got {value!r}")
+
+
+def _coerce_enum(enum_cls: type[DataLayout] | type[Modality], value: Any, name: str) -> Any:
+    if isinstance(value, enum_cls):
+        return value
+    try:
+        return enum_cls(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in enum_cls)
+        raise ConfigError(f"{name} must be one of {allowed}; got {value!r}") from None
 
 
 @dataclass(frozen=True)
 class PackingSpec:
+    """How samples are packed into rows: ``pack_size`` tokens per row (hard limit).
+
+    ``packing_ratio`` in ``(0, 1]`` is the share of ``pack_size`` a planner may fill when sample lengths are
+    estimated (VLM image tokens), leaving headroom; ``drop_long_samples`` drops samples longer than
+    ``pack_size`` (and counts them) instead of raising.
+    """
+
     pack_size: int
     packing_ratio: float = 1.0
     drop_long_samples: bool = True
 
+    def __post_init__(self) -> None:
+        _positive_int(self.pack_size, "data.packing.pack_size")
+        ratio = self.packing_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float):
+            raise ConfigError(f"data.packing.packing_ratio must be a number in (0, 1]; got {ratio!r}")
+        if not (math.isfinite(ratio) and 0 < ratio <= 1):
+            raise ConfigError(f"data.packing.packing_ratio must be in (0, 1]; got {ratio}")
+        object.__setattr__(self, "packing_ratio", float(ratio))
+        object.__setattr__(
+            self, "drop_long_samples", _strict_bool(self.drop_long_samples, "data.packing.drop_long_samples")
+        )
+
+    @classmethod
+    def _from_mapping(cls, raw: Mapping[str, Any]) -> PackingSpec:
+        """Parse a ``data.packing`` block: ``pack_size`` required, unknown keys rejected with a suggestion."""
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"data.packing must be a mapping or null; got {type(raw).__name__}")
+        unknown = [str(k) for k in raw if k not in _PACKING_KEYS]
+        if unknown:
+            hints = "; ".join(f"data.packing.{k}{_did_you_mean(k, _PACKING_KEYS)}" for k in sorted(unknown))
+            raise ConfigError(f"unknown key(s) in data.packing: {hints}; expected {', '.join(_PACKING_KEYS)}")
+        if "pack_size" not in raw:
+            raise ConfigError("data.packing.pack_size is required when data.packing is given")
+        return cls(**{k: raw[k] for k in _PACKING_KEYS if k in raw})
+
 
 @dataclass(frozen=True)
 class PuzzletronDataSpec:
+    """The canonical data description: ``packed_varlen`` layout if and only if ``packing`` is given.
+
+    ``extras`` (not an init argument; excluded from ``==`` and ``hash``) holds the unrelated ``data.*`` keys
+    ``from_mapping`` passed through (``path``, ``calibration``, ...) as a read-only mapping.
+    """
+
     modality: Modality
     layout: DataLayout
     max_sample_length: int
     packing: PackingSpec | None = None
+    extras: Mapping[str, Any] = field(
+        default_factory=lambda: types.MappingProxyType({}), init=False, compare=False, hash=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        # Coerce first: the packing rule below must see DataLayout.PACKED_VARLEN, not the string.
+        object.__setattr__(self, "modality", _coerce_enum(Modality, self.modality, "data.modality"))
+        object.__setattr__(self, "layout", _coerce_enum(DataLayout, self.layout, "data.layout"))
+        _positive_int(self.max_sample_length, "data.max_sample_length")
+        if self.packing is not None and not isinstance(self.packing, PackingSpec):
+            raise ConfigError(
+                f"data.packing must be a PackingSpec or null; got {type(self.packing).__name__}"
+            )
+        packed = self.layout is DataLayout.PACKED_VARLEN
+        if packed and self.packing is None:
+            raise ConfigError("data.packing is required when data.layout is packed_varlen")
+        if not packed and self.packing is not None:
+            raise ConfigError(
+                f"data.packing is only valid with data.layout packed_varlen; got layout {self.layout.value}"
+            )
+        if self.packing is not None and self.max_sample_length > self.packing.pack_size:
+            raise ConfigError(
+                f"data.max_sample_length ({self.max_sample_length}) must be <= data.packing.pack_size "
+                f"({self.packing.pack_size}): a sample must fit in one pack"
+            )
+
+    @property
+    def sequence_length(self) -> int:
+        """Row length in tokens: ``pack_size`` when packing, else ``max_sample_length``."""
+        return self.packing.pack_size if self.packing is not None else self.max_sample_length
+
+    @property
+    def legacy_varlen(self) -> bool:
+        """The old ``varlen: true`` flag, i.e. ``layout == packed_varlen``."""
+        return self.layout is DataLayout.PACKED_VARLEN
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> PuzzletronDataSpec:
-        raise NotImplementedError
+        """Parse a Hydra ``data:`` block (a dict or an OmegaConf ``DictConfig``); see the module docstring."""
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"data must be a mapping; got {type(raw).__name__}")
+        if "varlen" in raw:
+            raise ConfigError(
+                "data.varlen is no longer supported: set data.layout: packed_varlen (with a data.packing "
+                "block) instead of varlen: true, or data.layout: padded_varlen / fixed"
+            )
+        for key in ("modality", "layout", "max_sample_length"):
+            if key not in raw:
+                others = [str(k) for k in raw if k not in _SPEC_KEYS]
+                hint = _did_you_mean(key, tuple(others))
+                raise ConfigError(f"canonical data config is missing data.{key}{hint}")
+        packing_raw = raw.get("packing")
+        packing = None if packing_raw is None else PackingSpec._from_mapping(packing_raw)
+        spec = cls(
+            modality=raw["modality"],
+            layout=raw["layout"],
+            max_sample_length=raw["max_sample_length"],
+            packing=packing,
+        )
+        extras = {str(k): v for k, v in raw.items() if k not in _SPEC_KEYS}
+        object.__setattr__(spec, "extras", types.MappingProxyType(extras))
+        return spec
