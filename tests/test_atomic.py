@@ -1,0 +1,99 @@
+"""Publication is all-or-nothing, one writer holds a destination at a time, stale transactions are swept."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+
+from puzzletron.dataset._atomic import fsync_tree, locked, staging_dir, txn_prefix
+
+FORK = multiprocessing.get_context("fork")
+
+
+def test_staging_dir_publishes_whole_tree_and_leaves_nothing_else(tmp_path):
+    dest = tmp_path / "out" / "dest"
+    with locked(dest), staging_dir(dest) as tmp:
+        assert tmp.parent == dest.parent and tmp.name.startswith(txn_prefix(dest))
+        assert not dest.exists()
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "f").write_text("x")
+    assert (dest / "sub" / "f").read_text() == "x"
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["dest"]  # no txn dir, no lock file
+
+
+def test_staging_dir_removes_the_transaction_on_error(tmp_path):
+    dest = tmp_path / "dest"
+    with pytest.raises(RuntimeError, match="boom"), staging_dir(dest) as tmp:
+        (tmp / "f").write_text("half")
+        raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_staging_dir_refuses_a_non_empty_destination_but_replaces_an_empty_one(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with staging_dir(dest) as tmp:
+        (tmp / "f").write_text("1")
+    assert (dest / "f").read_text() == "1"
+    with pytest.raises(FileExistsError), staging_dir(dest) as tmp:
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
+
+
+def test_locked_sweeps_transactions_left_by_a_killed_writer(tmp_path):
+    dest = tmp_path / "dest"
+
+    def writer(ready):
+        with locked(dest), staging_dir(dest) as tmp:
+            (tmp / "f").write_text("partial")
+            ready.set()
+            time.sleep(60)
+
+    ready = FORK.Event()
+    proc = FORK.Process(target=writer, args=(ready,))
+    proc.start()
+    assert ready.wait(30)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(txn_prefix(dest))]
+    assert len(leftovers) == 1 and leftovers[0].startswith(f"{txn_prefix(dest)}{proc.pid}-")
+    with locked(dest):
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(txn_prefix(dest))] == []
+    assert not dest.exists()
+
+
+def _hold(dest, log, hold_s):
+    with locked(dest):
+        with open(log, "a") as fh:
+            fh.write(f"enter {os.getpid()}\n")
+            fh.flush()
+        time.sleep(hold_s)
+        with open(log, "a") as fh:
+            fh.write(f"exit {os.getpid()}\n")
+
+
+def test_locked_excludes_other_processes(tmp_path):
+    dest, log = tmp_path / "dest", tmp_path / "log"
+    procs = [FORK.Process(target=_hold, args=(dest, log, 0.15)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    events = log.read_text().split("\n")[:-1]
+    assert len(events) == 8
+    for enter, leave in zip(events[::2], events[1::2], strict=True):  # strictly nested: never interleaved
+        assert enter.startswith("enter") and leave == "exit" + enter[len("enter") :]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log"]
+
+
+def test_fsync_tree_accepts_files_dirs_and_symlinks(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_bytes(b"1")
+    (tmp_path / "link").symlink_to("/nonexistent")
+    fsync_tree(tmp_path)
+    fsync_tree(tmp_path / "d" / "f")

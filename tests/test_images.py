@@ -1,0 +1,118 @@
+"""Image values decode once, keep their encoded bytes, and every defect is an error naming its origin."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from _conversation_samples import jpeg_bytes, pil_image, png_bytes
+from puzzletron.dataset._images import encode_image, extension_for
+from puzzletron.dataset.errors import ConversationError, ImageError
+
+
+def test_jpeg_bytes_are_kept_exactly_with_recorded_metadata():
+    data = jpeg_bytes(1, (40, 30))
+    out = encode_image(data)
+    assert out.data == data
+    assert (out.format, out.width, out.height, out.reencoded) == ("JPEG", 40, 30, False)
+    assert out.sha256 == hashlib.sha256(data).hexdigest()
+    assert out.size == len(data)
+    assert out.extension == ".jpg"
+
+
+def test_hf_struct_bytes_win_over_path(tmp_path):
+    other = tmp_path / "other.png"
+    other.write_bytes(png_bytes(9))
+    data = jpeg_bytes(2)
+    assert encode_image({"bytes": data, "path": str(other)}).data == data
+
+
+def test_hf_struct_path_only_and_local_paths_read_the_file(tmp_path):
+    file = tmp_path / "a.png"
+    file.write_bytes(png_bytes(3))
+    assert encode_image({"bytes": None, "path": str(file)}).data == png_bytes(3)
+    assert encode_image(file).data == png_bytes(3)
+    assert encode_image(str(file)).format == "PNG"
+
+
+def test_webp_is_kept_as_webp():
+    buffer = io.BytesIO()
+    pil_image(4).save(buffer, format="WEBP")
+    out = encode_image(buffer.getvalue())
+    assert (out.format, out.extension, out.data) == ("WEBP", ".webp", buffer.getvalue())
+
+
+def test_pil_image_opened_from_a_file_keeps_the_file_bytes(tmp_path):
+    file = tmp_path / "photo.jpg"
+    file.write_bytes(jpeg_bytes(5))
+    with Image.open(file) as img:
+        out = encode_image(img)
+    assert out.data == jpeg_bytes(5) and not out.reencoded
+
+
+def test_pil_image_without_a_file_and_arrays_are_encoded_as_png():
+    img = pil_image(6, (10, 8))
+    out = encode_image(img)
+    assert out.format == "PNG" and out.reencoded and (out.width, out.height) == (10, 8)
+    with Image.open(io.BytesIO(out.data)) as back:
+        assert np.array_equal(np.asarray(back), np.asarray(img))  # lossless
+    arr = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    from_array = encode_image(arr)
+    assert (from_array.format, from_array.width, from_array.height) == ("PNG", 4, 3)
+
+
+def test_png_encoding_is_deterministic():
+    assert encode_image(pil_image(7)).data == encode_image(pil_image(7)).data
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "https://example.com/a.png",
+        "hf://datasets/x/y.png",
+        {"src": "https://datasets-server/x.jpg"},
+        {"bytes": None, "path": "http://host/a.png"},
+    ],
+)
+def test_urls_are_rejected_without_downloading(value):
+    with pytest.raises(ImageError, match=r"row 'r1' image 0: .*(URL|never downloads)"):
+        encode_image(value, where="row 'r1' image 0")
+
+
+def test_truncated_and_garbage_bytes_are_errors_naming_the_field():
+    data = jpeg_bytes(8, (64, 64))
+    with pytest.raises(ImageError, match=r"row 'r2' image 0: undecodable or truncated"):
+        encode_image(data[: len(data) // 2], where="row 'r2' image 0")
+    with pytest.raises(ImageError, match=r"row 'r2' image 1: not a decodable image"):
+        encode_image(b"this is not an image", where="row 'r2' image 1")
+    with pytest.raises(ImageError, match=r"row 'r2' image 2: empty image bytes"):
+        encode_image(b"", where="row 'r2' image 2")
+    assert issubclass(ImageError, ConversationError)
+
+
+def test_missing_local_file_is_an_error(tmp_path):
+    with pytest.raises(ImageError, match="does not exist"):
+        encode_image(tmp_path / "nope.png", where="row 'r3' image 0")
+
+
+@pytest.mark.parametrize("factor", [1.5, 3])  # above the limit: Pillow warns (1x..2x) or refuses (>2x)
+def test_decompression_bombs_are_errors(monkeypatch, factor):
+    data = png_bytes(9, (40, 30))  # 1200 pixels
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", int(1200 / factor))
+    with pytest.raises(ImageError, match=r"row 'r4' image 0: decompression bomb"):
+        encode_image(data, where="row 'r4' image 0")
+    with pytest.raises(ImageError, match="decompression bomb"):
+        encode_image(pil_image(9, (40, 30)), where="row 'r4' image 1")
+
+
+def test_unsupported_value_type_is_an_error():
+    with pytest.raises(ImageError, match=r"row 'r5' image 0: unsupported image value of type int"):
+        encode_image(12, where="row 'r5' image 0")
+
+
+def test_extension_for_known_formats():
+    assert [extension_for(f) for f in ("JPEG", "PNG", "WEBP", "BMP")] == [".jpg", ".png", ".webp", ".bmp"]
