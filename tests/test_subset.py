@@ -1,0 +1,478 @@
+"""Subsets are streamed, published atomically, reused only when complete, and verifiably tamper-evident."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from _conversation_samples import jpeg_bytes, multi_samples, png_bytes, single_row, single_samples
+from puzzletron.dataset import (
+    load_materialized_conversation_subset,
+    load_materialized_intersyn_subset,
+    materialize_normalized_conversation_samples,
+    materialize_normalized_intersyn_samples,
+    normalize_intersyn_single,
+)
+from puzzletron.dataset.errors import ConversationError, SubsetError
+from puzzletron.dataset.subset import SubsetReader, read_manifest, verify_subset
+
+FORK = multiprocessing.get_context("fork")
+SINGLE = ("finyorko/single_turn", "59acf6773cd2bf5b485f37296e862216aa99516b")
+MULTI = ("finyorko/multi-turn", "728987eff962e9df6f3da5ad5824a4accdd62bd2")
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _siblings(dest: Path) -> list[str]:
+    return sorted(p.name for p in dest.parent.iterdir())
+
+
+def test_golden_layout_manifest_and_kept_bytes(tmp_path):
+    samples = [*single_samples(2), *multi_samples(1)]
+    dest = tmp_path / "subset"
+    manifest = materialize_normalized_conversation_samples(
+        iter(samples), dest, acquisition={"adapter": "test"}
+    )
+    assert sorted(_tree(dest)) == [
+        "images/000000_00.jpg",
+        "images/000001_00.jpg",
+        "images/000002_00.png",
+        "images/000002_01.png",
+        "manifest.json",
+        "samples.idx",
+        "samples.jsonl",
+    ]
+    assert (dest / "images/000000_00.jpg").read_bytes() == jpeg_bytes(0)  # kept as it came
+    assert (dest / "images/000002_01.png").read_bytes() == png_bytes(2)
+    assert manifest["format"] == "puzzletron-conversation-subset" and manifest["version"] == 2
+    assert (manifest["sample_count"], manifest["image_count"]) == (3, 4)
+    assert manifest["sources"] == [
+        {"dataset": MULTI[0], "revision": MULTI[1]},
+        {"dataset": SINGLE[0], "revision": SINGLE[1]},
+    ]
+    assert manifest["acquisition"] == {"adapter": "test"}
+    assert manifest["images"][0] == {
+        "sample_index": 0,
+        "row_id": "s0",
+        "image_index": 0,
+        "path": "images/000000_00.jpg",
+        "sha256": hashlib.sha256(jpeg_bytes(0)).hexdigest(),
+        "width": 32,
+        "height": 24,
+        "format": "JPEG",
+        "bytes": len(jpeg_bytes(0)),
+    }
+    assert [(r["sample_index"], r["image_index"], r["row_id"]) for r in manifest["images"]] == [
+        (0, 0, "s0"),
+        (1, 0, "s1"),
+        (2, 0, "m0"),
+        (2, 1, "m0"),
+    ]
+    first = json.loads((dest / "samples.jsonl").read_text().splitlines()[0])
+    assert first["conversation"][0]["content"] == [
+        {"type": "image", "image": "images/000000_00.jpg"},
+        {"type": "text", "text": "What is in picture 0?"},
+    ]
+    assert json.loads((dest / "manifest.json").read_text()) == manifest
+    assert _siblings(dest) == ["subset"]
+
+
+def test_load_returns_samples_with_absolute_existing_image_paths(tmp_path):
+    dest = tmp_path / "subset"
+    materialize_normalized_conversation_samples(iter([*single_samples(2), *multi_samples(1)]), dest)
+    samples = load_materialized_conversation_subset(dest)
+    assert load_materialized_intersyn_subset(dest) == samples
+    assert [s["source"]["row_id"] for s in samples] == ["s0", "s1", "m0"]
+    image = samples[2]["conversation"][2]["content"][0]["image"]
+    assert image == str((dest / "images/000002_01.png").absolute())
+    assert Path(image).read_bytes() == png_bytes(2)
+    assert samples[0]["captions"] == ["caption 0"] and samples[0]["image_count"] == 1
+
+
+def test_same_input_gives_a_byte_identical_subset(tmp_path):
+    for name in ("a", "b"):
+        materialize_normalized_conversation_samples(
+            iter(single_samples(3)), tmp_path / name, diagnostics={"k": 1}
+        )
+    assert _tree(tmp_path / "a") == _tree(tmp_path / "b")
+
+
+def test_each_sample_is_on_disk_before_the_next_is_requested(tmp_path):
+    dest = tmp_path / "subset"
+    seen = []
+
+    def stream():
+        for i, sample in enumerate(single_samples(4)):
+            written = sorted(p.name for p in tmp_path.glob(".subset.txn-*/images/*"))
+            seen.append(written)
+            assert written == [f"{k:06d}_00.jpg" for k in range(i)]
+            yield sample
+
+    materialize_normalized_conversation_samples(stream(), dest)
+    assert len(seen) == 4
+
+
+def test_diagnostics_are_read_after_the_stream_ends(tmp_path):
+    diagnostics: dict = {}
+
+    def stream():
+        yield from single_samples(2)
+        diagnostics["rejected_rows"] = [{"row_id": "x", "reason": "bad"}]
+
+    manifest = materialize_normalized_conversation_samples(stream(), tmp_path / "d", diagnostics=diagnostics)
+    assert manifest["diagnostics"] == {"rejected_rows": [{"row_id": "x", "reason": "bad"}]}
+
+
+def test_shortfall_against_expected_count_publishes_nothing(tmp_path):
+    dest = tmp_path / "subset"
+    with pytest.raises(SubsetError, match=r"ran out after 2 of the expected 3; nothing was published"):
+        materialize_normalized_conversation_samples(iter(single_samples(2)), dest, expected_count=3)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _bad(sample_index_2_override):
+    samples = single_samples(4)
+    samples[2] = sample_index_2_override(samples[2])
+    return samples
+
+
+def _with_image(value):
+    def change(sample):
+        sample["conversation"][0]["content"][0]["image"] = value
+        return sample
+
+    return change
+
+
+def _bomb(monkeypatch):
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 5000)  # the other samples have 32x24 = 768 pixels
+    return {"bytes": png_bytes(5, (200, 200)), "path": None}
+
+
+BAD_SAMPLES = {
+    "truncated image": (lambda mp: _with_image(jpeg_bytes(2)[:300]), "undecodable or truncated"),
+    "undecodable image": (lambda mp: _with_image(b"GIF89a-not-really"), "not a decodable image|undecodable"),
+    "url image": (lambda mp: _with_image("https://example.com/x.png"), "never downloads"),
+    "src struct": (lambda mp: _with_image({"src": "https://datasets-server/x.jpg"}), "never downloads"),
+    "missing image": (lambda mp: _with_image(None), r"content\[0\]\.image'.*missing"),
+    "decompression bomb": (lambda mp: _with_image(_bomb(mp)), "decompression bomb"),
+    "wrong image_count": (lambda mp: lambda s: {**s, "image_count": 2}, "'image_count'"),
+    "video item": (
+        lambda mp: (
+            lambda s: (
+                s
+                | {
+                    "conversation": [
+                        {"role": "user", "content": [{"type": "video", "video": "v.mp4"}]},
+                        *s["conversation"][1:],
+                    ]
+                }
+            )
+        ),
+        r"content\[0\]\.type'.*'video'",
+    ),
+    "non-string text": (
+        lambda mp: (
+            lambda s: (
+                s
+                | {
+                    "conversation": [
+                        s["conversation"][0],
+                        {"role": "assistant", "content": [{"type": "text", "text": 3}]},
+                    ]
+                }
+            )
+        ),
+        r"content\[0\]\.text'",
+    ),
+    "wrong role": (
+        lambda mp: (
+            lambda s: s | {"conversation": [s["conversation"][0], {**s["conversation"][1], "role": "bot"}]}
+        ),
+        r"conversation\[1\]\.role'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SAMPLES))
+def test_bad_sample_fails_naming_sample_and_row_and_publishes_nothing(tmp_path, monkeypatch, case):
+    make, pattern = BAD_SAMPLES[case]
+    dest = tmp_path / "subset"
+    with pytest.raises(
+        ConversationError, match=rf"sample 2 \(finyorko/single_turn row 's2'\).*(?:{pattern})"
+    ):
+        materialize_normalized_conversation_samples(iter(_bad(make(monkeypatch))), dest)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rerun_reuses_the_complete_subset_without_reading_samples(tmp_path):
+    dest = tmp_path / "subset"
+    first = materialize_normalized_conversation_samples(iter(single_samples(2)), dest, acquisition={"n": 2})
+
+    def never():
+        raise AssertionError("reuse must not read the samples")
+        yield
+
+    assert materialize_normalized_conversation_samples(never(), dest, acquisition={"n": 2}) == first
+    assert materialize_normalized_intersyn_samples([], dest) == first
+    with pytest.raises(SubsetError, match="does not match the requested acquisition"):
+        materialize_normalized_conversation_samples(never(), dest, acquisition={"n": 3})
+
+
+def test_non_empty_directory_without_a_subset_is_an_error(tmp_path):
+    dest = tmp_path / "subset"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("mine")
+    with pytest.raises(SubsetError, match="is not empty and holds no complete subset"):
+        materialize_normalized_conversation_samples(iter(single_samples(1)), dest)
+    assert _tree(dest) == {"notes.txt": b"mine"}
+
+
+def test_empty_directory_is_filled(tmp_path):
+    dest = tmp_path / "subset"
+    dest.mkdir()
+    assert materialize_normalized_conversation_samples(iter(single_samples(1)), dest)["sample_count"] == 1
+
+
+def test_deleted_sample_file_is_detected_by_reuse_load_and_verify(tmp_path):
+    dest = tmp_path / "subset"
+    materialize_normalized_conversation_samples(iter(single_samples(2)), dest)
+    (dest / "samples.jsonl").unlink()
+    with pytest.raises(
+        SubsetError, match=r"holds no complete subset.*sample file 'samples\.jsonl' is missing"
+    ):
+        materialize_normalized_conversation_samples(iter(single_samples(2)), dest)
+    with pytest.raises(SubsetError, match=r"samples\.jsonl' is missing"):
+        load_materialized_conversation_subset(dest)
+    report = verify_subset(dest)
+    assert not report.ok and any("samples.jsonl' is missing" in p for p in report.problems)
+
+
+def test_tampered_images_are_detected(tmp_path):
+    dest = tmp_path / "subset"
+    materialize_normalized_conversation_samples(iter(single_samples(3)), dest)
+    assert verify_subset(dest).ok
+    # Same size, one byte flipped: only hashing sees it.
+    flipped = bytearray((dest / "images/000000_00.jpg").read_bytes())
+    flipped[100] ^= 0xFF
+    (dest / "images/000000_00.jpg").write_bytes(bytes(flipped))
+    # Truncated: reuse and load see it from the recorded size.
+    (dest / "images/000001_00.jpg").write_bytes(jpeg_bytes(1)[:-10])
+    report = verify_subset(dest)
+    assert not report.ok
+    assert any("000000_00.jpg': SHA-256 differs" in p for p in report.problems)
+    assert any("000001_00.jpg' has" in p and "truncated" in p for p in report.problems)
+    with pytest.raises(SubsetError, match=r"sample 1 \(row 's1'\).*000001_00.jpg"):
+        materialize_normalized_conversation_samples(iter(single_samples(3)), dest)
+    with pytest.raises(SubsetError, match=r"000001_00\.jpg"):
+        load_materialized_conversation_subset(dest)
+
+
+def test_missing_image_is_an_error_naming_it(tmp_path):
+    dest = tmp_path / "subset"
+    materialize_normalized_conversation_samples(iter(single_samples(2)), dest)
+    (dest / "images/000001_00.jpg").unlink()
+    with pytest.raises(SubsetError, match=r"sample 1 \(row 's1'\) 'images/000001_00.jpg' is missing"):
+        load_materialized_conversation_subset(dest)
+    with pytest.raises(SubsetError, match=r"sample 1 .*000001_00.jpg' is missing"):
+        SubsetReader(dest)[1]
+    assert SubsetReader(dest)[0]["source"]["row_id"] == "s0"
+
+
+def test_symlink_out_of_the_subset_is_rejected(tmp_path):
+    dest = tmp_path / "subset"
+    materialize_normalized_conversation_samples(iter(single_samples(2)), dest)
+    outside = tmp_path / "outside.jpg"
+    shutil.move(dest / "images/000001_00.jpg", outside)
+    (dest / "images/000001_00.jpg").symlink_to(outside)
+    with pytest.raises(SubsetError, match=r"row 's1'.*outside the subset"):
+        load_materialized_conversation_subset(dest)
+    with pytest.raises(SubsetError, match=r"sample 1 .*outside the subset"):
+        SubsetReader(dest)[1]
+    assert any("outside the subset" in p for p in verify_subset(dest).problems)
+
+
+def test_reader_reads_one_line_without_parsing_the_others(tmp_path):
+    dest = tmp_path / "subset"
+    materialize_normalized_conversation_samples(iter(single_samples(5)), dest)
+    lines = (dest / "samples.jsonl").read_bytes().split(b"\n")
+    lines[1] = b"#" * len(lines[1])  # corrupt sample 1 in place, same length
+    (dest / "samples.jsonl").write_bytes(b"\n".join(lines))
+    reader = SubsetReader(dest)
+    assert len(reader) == 5
+    assert [reader[i]["source"]["row_id"] for i in (4, 0, 3, -1)] == ["s4", "s0", "s3", "s4"]
+    with pytest.raises(SubsetError, match=r"sample 1 .* is not JSON"):
+        reader[1]
+    with pytest.raises(IndexError):
+        reader[5]
+    assert reader.groups() == [0, 0, 0, 0, 0]
+
+
+# ---------------------------------------------------------------------------------- the original layout
+
+
+def _write_original_layout(root: Path, image_paths: list[str] | None = None) -> list[bytes]:
+    """An original-layout subset, written by hand: manifest.json, a samples.json array, images/NNNN_MM.png."""
+    (root / "images").mkdir(parents=True)
+    images, records, samples = [], [], []
+    for i in range(2):
+        data = png_bytes(50 + i)
+        rel = f"images/{i:04d}_00.png"
+        (root / rel).write_bytes(data)
+        images.append(data)
+        path = image_paths[i] if image_paths else rel
+        samples.append(
+            {
+                "conversation": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image", "image": path}, {"type": "text", "text": "q"}],
+                    },
+                    {"role": "assistant", "content": [{"type": "text", "text": "a"}]},
+                ],
+                "image_count": 1,
+                "source": {"dataset": SINGLE[0], "revision": SINGLE[1], "row_id": f"old{i}"},
+                "captions": ["c"],
+            }
+        )
+        records.append(
+            {
+                "sample_index": i,
+                "row_id": f"old{i}",
+                "image_index": 0,
+                "path": rel,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "width": 32,
+                "height": 24,
+            }
+        )
+    manifest = {
+        "version": 1,
+        "sample_count": 2,
+        "image_count": 2,
+        "sources": [{"dataset": SINGLE[0], "revision": SINGLE[1]}],
+        "images": records,
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    (root / "samples.json").write_text(json.dumps(samples, indent=2))
+    return images
+
+
+def test_original_layout_loads_unchanged_and_verifies(tmp_path):
+    dest = tmp_path / "old"
+    images = _write_original_layout(dest)
+    before = _tree(dest)
+    samples = load_materialized_conversation_subset(dest)
+    assert [s["source"]["row_id"] for s in samples] == ["old0", "old1"]
+    assert Path(samples[1]["conversation"][0]["content"][0]["image"]).read_bytes() == images[1]
+    assert Path(samples[1]["conversation"][0]["content"][0]["image"]).is_absolute()
+    assert verify_subset(dest).ok
+    assert materialize_normalized_conversation_samples(iter(()), dest)["version"] == 1  # reused
+    assert _tree(dest) == before
+
+
+@pytest.mark.parametrize(
+    ("bad_path", "pattern"),
+    [("../outside.png", r"contains '\.\.'"), ("/etc/passwd", "is absolute")],
+)
+def test_original_layout_paths_must_stay_inside(tmp_path, bad_path, pattern):
+    dest = tmp_path / "old"
+    _write_original_layout(dest, image_paths=["images/0000_00.png", bad_path])
+    with pytest.raises(SubsetError, match=rf"sample 1 \(finyorko/single_turn row 'old1'\).*{pattern}"):
+        load_materialized_conversation_subset(dest)
+
+
+# ---------------------------------------------------------------------------------- reliability
+
+
+def _slow_materialize(dest: Path, delay: float, samples: list) -> None:
+    def stream():
+        for sample in samples:
+            time.sleep(delay)
+            yield sample
+
+    materialize_normalized_conversation_samples(
+        stream(), dest, acquisition={"k": "kill"}, expected_count=len(samples)
+    )
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_leaves_absent_or_complete_and_rerun_cleans_up(tmp_path):
+    samples = [
+        normalize_intersyn_single(single_row(i, image={"bytes": jpeg_bytes(i, (64, 48)), "path": None}))
+        for i in range(10)
+    ]
+    start = time.monotonic()
+    probe = FORK.Process(target=_slow_materialize, args=(tmp_path / "probe" / "dest", 0.01, samples))
+    probe.start()
+    probe.join(60)
+    duration = time.monotonic() - start
+    assert probe.exitcode == 0
+    rng = random.Random(20240601)
+    outcomes = []
+    for k in range(20):
+        dest = tmp_path / f"run{k}" / "dest"
+        proc = FORK.Process(target=_slow_materialize, args=(dest, 0.01, samples))
+        proc.start()
+        time.sleep(rng.uniform(0, duration * 1.1))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
+        if dest.exists():
+            assert verify_subset(dest).ok, verify_subset(dest).problems
+            outcomes.append("complete")
+        else:
+            outcomes.append("absent")
+        manifest = materialize_normalized_conversation_samples(iter(samples), dest, acquisition={"k": "kill"})
+        assert manifest["sample_count"] == 10 and verify_subset(dest).ok
+        assert _siblings(dest) == ["dest"], f"debris after kill {k}"
+    assert "absent" in outcomes  # the kills did land mid-write
+
+
+def _concurrent_writer(dest: Path, barrier, results: Path) -> None:
+    def stream():
+        (results / f"writer-{os.getpid()}").touch()
+        for sample in single_samples(6):
+            time.sleep(0.01)
+            yield sample
+
+    barrier.wait()
+    manifest = materialize_normalized_conversation_samples(stream(), dest, acquisition={"c": 4})
+    (results / f"manifest-{os.getpid()}.json").write_text(json.dumps(manifest, sort_keys=True))
+
+
+def test_four_concurrent_writers_one_writes_all_get_identical_manifests(tmp_path):
+    dest, results = tmp_path / "out" / "dest", tmp_path / "results"
+    results.mkdir()
+    barrier = FORK.Barrier(4)
+    procs = [FORK.Process(target=_concurrent_writer, args=(dest, barrier, results)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert len(list(results.glob("writer-*"))) == 1
+    manifests = {p.read_text() for p in results.glob("manifest-*.json")}
+    assert len(list(results.glob("manifest-*.json"))) == 4 and len(manifests) == 1
+    assert verify_subset(dest).ok
+    assert _siblings(dest) == ["dest"]
+
+
+def test_read_manifest_refuses_incomplete_subsets(tmp_path):
+    with pytest.raises(SubsetError, match="no subset directory"):
+        read_manifest(tmp_path / "nothing")
+    (tmp_path / "half").mkdir()
+    with pytest.raises(SubsetError, match="the manifest is missing"):
+        read_manifest(tmp_path / "half")
