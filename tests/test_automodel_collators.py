@@ -1,0 +1,430 @@
+"""`batch_from_automodel` on the outputs of the real NeMo AutoModel 0.7 collators.
+
+Conversations come from a materialised subset through `load_materialized_conversation_dataset`; text is
+tokenised by AutoModel's own `format_chat_template`, images by a local Qwen2.5-VL processor. Expected values
+come from the collators' own maps (`_packed_seq_ids`, `seq_lens`, `cu_seq_lens_q`, `n_images_per_sample`) or
+from the subset's declared image counts, never from the code under test.
+
+`nemo_automodel` is a test dependency (the `automodel` extra): if it is missing this module fails.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+import torch
+from nemo_automodel.components.datasets.llm.formatting_utils import format_chat_template
+from nemo_automodel.components.datasets.llm.neat_packing import neat_pack_dataset
+from nemo_automodel.components.datasets.llm.packed_sequence import pack_dataset
+from nemo_automodel.components.datasets.packing import get_seqlens_in_batch
+from nemo_automodel.components.datasets.utils import (
+    default_collater,
+    neat_packed_collater,
+    packed_sequence_thd_collater,
+)
+from nemo_automodel.components.datasets.vlm.collate_fns import (
+    default_collate_fn,
+    neat_packed_vlm_collater,
+    pad_collate_fn,
+    qwen2_5_collate_fn,
+)
+from nemo_automodel.components.datasets.vlm.datasets import PreTokenizedDatasetWrapper
+from nemo_automodel.components.datasets.vlm.neat_packing_vlm import neat_pack_dataset_vlm
+from PIL import Image
+from transformers import AutoTokenizer
+
+from puzzletron.dataset import (
+    DataLayout,
+    Modality,
+    PuzzletronBatch,
+    batch_from_automodel,
+    load_materialized_conversation_dataset,
+    materialize_normalized_conversation_samples,
+)
+from puzzletron.fixtures.tokenizer import (
+    build_chat_tokenizer,
+    build_qwen2_5_vl_processor,
+    load_qwen2_5_vl_processor,
+)
+
+PACKED = DataLayout.PACKED_VARLEN
+MASK_TYPES = ("block_causal", "document_ids", "flash_varlen")
+IMAGE_COUNTS = (1, 2, 0, 1, 1, 2, 0, 1)  # declared per conversation of the VLM subset
+
+
+class Contract:
+    """AutoModel's structural `PackedSequenceContract` (a Protocol): which mask form the collator emits."""
+
+    def __init__(self, packed_mask_type: str, requires_packed_sequence_metadata: bool) -> None:
+        self.packed_mask_type = packed_mask_type
+        self.requires_packed_sequence_metadata = requires_packed_sequence_metadata
+
+
+def _text_sample(i: int) -> dict[str, Any]:
+    question = "Question: " + "what is the total in the table? " * (1 + i % 5)
+    return {
+        "conversation": [
+            {"role": "user", "content": [{"type": "text", "text": question}]},
+            {"role": "assistant", "content": [{"type": "text", "text": f"The total is {i * 37}."}]},
+        ],
+        "image_count": 0,
+        "source": {"dataset": f"fixture/text-{i % 2}", "revision": "r1", "row_id": str(i)},
+    }
+
+
+def _vlm_sample(i: int) -> dict[str, Any]:
+    images = [
+        {"type": "image", "image": Image.new("RGB", (56 + 28 * (i % 2), 56 + 28 * j), (i * 30, j * 80, 90))}
+        for j in range(IMAGE_COUNTS[i])
+    ]
+    return {
+        "conversation": [
+            {"role": "user", "content": [*images, {"type": "text", "text": f"Describe picture {i}."}]},
+            {"role": "assistant", "content": [{"type": "text", "text": f"The total is {i * 7}."}]},
+        ],
+        "image_count": IMAGE_COUNTS[i],
+        "source": {"dataset": "fixture/vlm", "revision": "r1", "row_id": str(i)},
+    }
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("automodel")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(workdir: Path) -> Any:
+    return AutoTokenizer.from_pretrained(build_chat_tokenizer(workdir / "tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def processor(workdir: Path) -> Any:
+    return load_qwen2_5_vl_processor(build_qwen2_5_vl_processor(workdir / "processor"))
+
+
+@pytest.fixture(scope="module")
+def text_samples(workdir: Path, tokenizer: Any) -> list[dict[str, Any]]:
+    """AutoModel-tokenised samples (``input_ids``, shifted ``labels``, ``attention_mask``) from the subset."""
+    materialize_normalized_conversation_samples((_text_sample(i) for i in range(10)), workdir / "text")
+    dataset = load_materialized_conversation_dataset(workdir / "text", num_samples=10)
+    assert len(dataset) == 10
+    return [
+        format_chat_template(
+            tokenizer, dataset[i]["conversation"], tokenizer.eos_token_id, tokenizer.pad_token_id
+        )
+        for i in range(len(dataset))
+    ]
+
+
+@pytest.fixture(scope="module")
+def vlm_dataset(workdir: Path) -> Any:
+    materialize_normalized_conversation_samples((_vlm_sample(i) for i in range(8)), workdir / "vlm")
+    return load_materialized_conversation_dataset(workdir / "vlm", num_samples=8)
+
+
+def _lengths(samples: list[dict[str, Any]]) -> list[int]:
+    return [len(s["input_ids"]) for s in samples]
+
+
+def _convert(collated: dict[str, Any], layout: DataLayout | str) -> PuzzletronBatch:
+    rows = collated["input_ids"].shape[0]
+    return batch_from_automodel(
+        collated, sample_ids=[f"row-{i}" for i in range(rows)], source_metadata={"test": True}, layout=layout
+    )
+
+
+def _check_packed_against_doc_ids(batch: PuzzletronBatch, doc_ids: torch.Tensor) -> None:
+    """Boundaries, validity and lengths agree with a collator's 1-based per-row document map."""
+    seq_ids = batch.sequence.seq_ids
+    assert torch.equal(seq_ids >= 0, doc_ids > 0)
+    assert torch.equal(batch.hidden_mask, doc_ids > 0)
+    # A new sample starts exactly where the collator's document index changes inside a row.
+    assert torch.equal(seq_ids[:, 1:] != seq_ids[:, :-1], doc_ids[:, 1:] != doc_ids[:, :-1])
+    lengths = get_seqlens_in_batch(doc_ids)  # AutoModel's own per-document lengths, batch-major
+    assert batch.sequence.global_cu_seqlens.diff().tolist() == lengths.tolist()
+    assert batch.sequence.max_seqlen == int(lengths.max())
+
+
+# --- text ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["padded_varlen", PACKED])
+def test_default_collater(text_samples: list[dict[str, Any]], layout: str) -> None:
+    samples = copy.deepcopy(text_samples[:4])
+    collated = default_collater(copy.deepcopy(samples))
+    labels = collated["labels"]
+    batch = _convert(collated, layout)
+    assert batch.batch_size == 4
+    assert int(batch.hidden_mask.sum()) == sum(_lengths(samples))
+    assert batch.labels is labels  # padding already -100: untouched and not copied
+    assert torch.equal(batch.ce_mask, labels != -100)
+    assert batch.model_kwargs["attention_mask"] is collated["attention_mask"]
+    assert "padding_mask" in batch.model_kwargs
+    assert batch.modality is Modality.TEXT
+    if layout == PACKED:
+        assert batch.sequence.global_cu_seqlens.diff().tolist() == _lengths(samples)
+
+
+@pytest.mark.parametrize("cp_size", [1, 2])
+def test_thd_packing(text_samples: list[dict[str, Any]], cp_size: int) -> None:
+    packs = pack_dataset(copy.deepcopy(text_samples), split=None, packed_sequence_size=96, cp_size=cp_size)
+    collated = packed_sequence_thd_collater([packs[i] for i in range(len(packs))])
+    assert collated["qkv_format"] == "thd"
+    labels = collated["labels"].clone()
+    batch = _convert(collated, PACKED)
+    seq_lens, padded = collated["seq_lens"], collated["seq_lens_padded"]
+    lengths = seq_lens[seq_lens >= 0]
+    assert batch.sequence.global_cu_seqlens.diff().tolist() == lengths.tolist()
+    assert int(batch.hidden_mask.sum()) == sum(_lengths(text_samples))
+    # Each document starts at the collator's padded offset, where its position ids restart at 0.
+    starts = padded.clamp(min=0).cumsum(dim=1) - padded.clamp(min=0)
+    seq_ids = batch.sequence.seq_ids
+    for row in range(seq_ids.shape[0]):
+        row_starts = starts[row][seq_lens[row] >= 0]
+        first = torch.nonzero(seq_ids[row, 1:] != seq_ids[row, :-1]).flatten() + 1
+        doc_first = torch.cat([torch.tensor([0]), first])[
+            seq_ids[row, torch.cat([torch.tensor([0]), first])] >= 0
+        ]
+        assert doc_first.tolist() == row_starts.tolist()
+        assert collated["position_ids"][row, doc_first].tolist() == [0] * len(doc_first)
+    assert torch.equal(batch.labels, labels)
+    assert batch.model_kwargs["qkv_format"] == "thd"
+    if cp_size == 2:
+        assert bool((padded >= seq_lens).all()) and bool((padded > seq_lens).any())  # CP gaps exist
+
+
+@pytest.fixture(scope="module")
+def neat_packs(text_samples: list[dict[str, Any]]) -> Any:
+    return neat_pack_dataset(
+        datasets.Dataset.from_list(copy.deepcopy(text_samples)), split=None, pack_size=96
+    )
+
+
+@pytest.mark.parametrize("metadata", [False, True])
+@pytest.mark.parametrize("mask_type", MASK_TYPES)
+def test_neat_packing_every_mask_form(
+    text_samples: list[dict[str, Any]], neat_packs: Any, mask_type: str, metadata: bool
+) -> None:
+    collated = neat_packed_collater(
+        [neat_packs[i] for i in range(len(neat_packs))], packing=Contract(mask_type, metadata)
+    )
+    doc_ids = collated["_packed_seq_ids"]
+    assert int(doc_ids.max()) >= 2  # packs really hold several documents
+    labels = collated["labels"].clone()
+    batch = _convert(dict(collated), PACKED)
+    _check_packed_against_doc_ids(batch, doc_ids)
+    assert int(batch.hidden_mask.sum()) == sum(_lengths(text_samples))
+    assert torch.equal(batch.labels, labels)
+    assert "_packed_seq_ids" not in batch.model_kwargs
+    if mask_type == "flash_varlen":
+        assert "attention_mask" not in batch.model_kwargs
+        # Every sample starts on a boundary of the collator's physical cu_seq_lens_q (flattened B*T).
+        cu = batch.sequence.global_cu_seqlens.long()
+        valid_positions = torch.nonzero(batch.hidden_mask.flatten()).flatten()
+        sample_starts = valid_positions[cu[:-1]]
+        assert bool(torch.isin(sample_starts, collated["cu_seq_lens_q"].long()).all())
+    if metadata:
+        cu_rows = collated["cu_seqlens"]
+        per_row = [row[row >= 0].diff() for row in cu_rows]
+        assert torch.cat(per_row).tolist() == batch.sequence.global_cu_seqlens.diff().tolist()
+    # The same collator output without `_packed_seq_ids` parses to the same samples from the mask form.
+    if mask_type != "flash_varlen" or metadata:
+        stripped = {k: v for k, v in collated.items() if k != "_packed_seq_ids"}
+        again = _convert(stripped, PACKED)
+        assert torch.equal(again.sequence.seq_ids, batch.sequence.seq_ids)
+
+
+@pytest.mark.parametrize("mask_type", MASK_TYPES)
+def test_neat_packing_with_one_document_per_pack_keeps_cu(
+    text_samples: list[dict[str, Any]], mask_type: str
+) -> None:
+    lengths = _lengths(text_samples)
+    pack_size = max(lengths) + 1
+    single = [s for s in text_samples if 2 * len(s["input_ids"]) > pack_size]
+    assert len(single) >= 2
+    packs = neat_pack_dataset(
+        datasets.Dataset.from_list(copy.deepcopy(single)), split=None, pack_size=pack_size
+    )
+    collated = neat_packed_collater([packs[i] for i in range(len(packs))], packing=Contract(mask_type, False))
+    assert "_packed_seq_ids" not in collated  # AutoModel drops the map when no pack holds two documents
+    batch = _convert(collated, PACKED)
+    expected = sorted(_lengths(single))
+    assert sorted(batch.sequence.global_cu_seqlens.diff().tolist()) == expected
+    assert batch.sequence.seq_ids is not None
+    assert int(batch.hidden_mask.sum()) == sum(expected)
+    assert batch.sequence.seq_ids.amax(dim=1).tolist() == list(range(len(single)))  # one sample per row
+
+
+# --- VLM ----------------------------------------------------------------------------------------------------
+
+
+def _check_media(batch: PuzzletronBatch, counts: list[int]) -> None:
+    grid = batch.model_kwargs["image_grid_thw"]
+    assert batch.sequence.media_counts.tolist() == counts
+    assert grid.shape[0] == sum(counts)
+    assert batch.model_kwargs["pixel_values"].shape[0] == int(grid.prod(dim=1).sum())
+    assert batch.modality is Modality.MULTIMODAL
+
+
+def _image_ranges(counts: list[int], grid: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Independent media bookkeeping: first image and first patch row of every row, plus the end."""
+    image_starts = [0]
+    for c in counts:
+        image_starts.append(image_starts[-1] + c)
+    patches = [0]
+    for t, h, w in grid.tolist():
+        patches.append(patches[-1] + t * h * w)
+    return image_starts, [patches[i] for i in image_starts]
+
+
+def _check_row_groups_keep_images(
+    batch: PuzzletronBatch, groups: tuple[PuzzletronBatch, ...], counts: list[int]
+) -> None:
+    grid = batch.model_kwargs["image_grid_thw"]
+    pixels = batch.model_kwargs["pixel_values"]
+    image_starts, patch_starts = _image_ranges(counts, grid)
+    row = 0
+    for group in groups:
+        stop = row + group.batch_size
+        assert group.sample_ids == batch.sample_ids[row:stop]
+        assert group.sequence.media_counts.tolist() == counts[row:stop]
+        group_grid = group.model_kwargs.get("image_grid_thw")
+        group_pixels = group.model_kwargs.get("pixel_values")
+        n_images = image_starts[stop] - image_starts[row]
+        if n_images:
+            assert torch.equal(group_grid, grid[image_starts[row] : image_starts[stop]])
+            assert torch.equal(group_pixels, pixels[patch_starts[row] : patch_starts[stop]])
+        else:
+            assert group_grid is None or group_grid.shape[0] == 0
+        row = stop
+    assert row == batch.batch_size
+
+
+def _check_cp_keeps_media(batch: PuzzletronBatch) -> None:
+    length = batch.sequence_length
+    for rank in range(2):
+        indices = torch.arange(rank, length, 2)
+        local = batch.cp_partition(indices, cp_rank=rank, cp_size=2)
+        assert local.model_kwargs["pixel_values"] is batch.model_kwargs["pixel_values"]
+        assert local.model_kwargs["image_grid_thw"] is batch.model_kwargs["image_grid_thw"]
+        assert torch.equal(local.sequence.media_counts, batch.sequence.media_counts)
+        assert torch.equal(local.input_ids, batch.input_ids[:, indices])
+
+
+@pytest.mark.parametrize("collate", [default_collate_fn, qwen2_5_collate_fn], ids=["default", "qwen2_5"])
+def test_vlm_collators(vlm_dataset: Any, processor: Any, collate: Any) -> None:
+    examples = [vlm_dataset[i] for i in range(4)]
+    counts = [e["image_count"] for e in examples]
+    assert counts == list(IMAGE_COUNTS[:4])
+    collated = collate(examples, processor)
+    labels = collated["labels"]
+    batch = _convert(dict(collated), "padded_varlen")
+    _check_media(batch, counts)
+    assert batch.labels is labels
+    assert int(batch.hidden_mask.sum()) == int(collated["attention_mask"].sum())
+    # Every image token row belongs to a row that declared images, as many merged tokens as patches / 4.
+    image_tokens = (batch.input_ids == processor.image_token_id).sum(dim=1)
+    per_image = (batch.model_kwargs["image_grid_thw"].prod(dim=1) // 4).tolist()
+    starts, _ = _image_ranges(counts, batch.model_kwargs["image_grid_thw"])
+    assert image_tokens.tolist() == [sum(per_image[starts[r] : starts[r + 1]]) for r in range(4)]
+    _check_row_groups_keep_images(
+        batch, tuple(batch.dp_slice(dp_rank=r, dp_size=2) for r in range(2)), counts
+    )
+    _check_row_groups_keep_images(batch, batch.pp_microbatches(2), counts)
+    _check_row_groups_keep_images(batch, batch.pp_microbatches(4), counts)
+    _check_cp_keeps_media(batch)
+
+
+def test_vlm_pretokenized_pad_collate(vlm_dataset: Any, processor: Any) -> None:
+    wrapped = PreTokenizedDatasetWrapper(vlm_dataset, processor, inject_fake_images=False)
+    examples = [wrapped[i] for i in range(4, 8)]
+    collated = pad_collate_fn(examples, processor)
+    counts = list(IMAGE_COUNTS[4:8])
+    batch = _convert(dict(collated), "padded_varlen")
+    _check_media(batch, counts)
+    assert torch.equal(batch.labels, collated["labels"])
+    # pad_collate_fn pads to the longest sample, then drops the last column for the shift.
+    longest = max(e["input_ids"].shape[0] for e in examples)
+    expected = sum(min(int(e["attention_mask"].sum()), longest - 1) for e in examples)
+    assert int(batch.hidden_mask.sum()) == expected
+    _check_row_groups_keep_images(batch, batch.pp_microbatches(2), counts)
+    _check_row_groups_keep_images(
+        batch, tuple(batch.dp_slice(dp_rank=r, dp_size=4) for r in range(4)), counts
+    )
+    _check_cp_keeps_media(batch)
+
+
+@pytest.fixture(scope="module")
+def vlm_packs(vlm_dataset: Any, processor: Any) -> Any:
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
+
+    tokens = processor.tokenizer
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "vocab_size": len(tokens),
+            "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]},
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_heads": 2,
+            "out_hidden_size": 16,
+            "fullatt_block_indexes": [0],
+        },
+        image_token_id=processor.image_token_id,
+        video_token_id=processor.video_token_id,
+        vision_start_token_id=tokens.convert_tokens_to_ids("<|vision_start|>"),
+    )
+    model = Qwen2_5_VLModel(config)
+    wrapped = PreTokenizedDatasetWrapper(vlm_dataset, processor, inject_fake_images=False)
+    packs = neat_pack_dataset_vlm(
+        wrapped, pack_size=256, get_rope_index=model.get_rope_index, ds_raw=vlm_dataset, processor=processor
+    )
+    return packs, [packs[i] for i in range(len(packs))]
+
+
+@pytest.mark.parametrize(
+    ("mask_type", "metadata"), [("document_ids", False), ("block_causal", False), ("document_ids", True)]
+)
+def test_vlm_neat_packing_with_mrope(
+    vlm_packs: Any, vlm_dataset: Any, mask_type: str, metadata: bool
+) -> None:
+    packs, items = vlm_packs
+    collated = neat_packed_vlm_collater(copy.deepcopy(items), packing=Contract(mask_type, metadata))
+    rows = collated["input_ids"].shape[0]
+    assert tuple(collated["position_ids"].shape) == (3, rows, collated["input_ids"].shape[1])
+    # Images per pack from the knapsack's bins and the subset's declared counts.
+    counts = [sum(vlm_dataset[i]["image_count"] for i in bin_) for bin_ in packs.bins]
+    assert (
+        max(len(bin_) for bin_ in packs.bins) >= 2 and max(counts) >= 2
+    )  # multi-document, multi-image packs
+    doc_ids = collated["_packed_seq_ids"]
+    batch = _convert(dict(collated), PACKED)
+    _check_media(batch, counts)
+    _check_packed_against_doc_ids(batch, doc_ids)
+    assert batch.model_kwargs["position_ids"] is collated["position_ids"]
+    # Every sample of the subset is in exactly one pack (lengths after the collator's shift).
+    assert len(batch.sequence.sample_offsets) == sum(len(bin_) for bin_ in packs.bins) == len(vlm_dataset)
+    if metadata:
+        return  # per-row [B, D+1] cu_seqlens kwargs: row splits are the batch's business (see report)
+    if rows % 2:
+        batch = batch.pad_batch_to_multiple(2)
+        counts = [*counts, 0]
+    _check_row_groups_keep_images(batch, batch.pp_microbatches(2), counts)
+    _check_row_groups_keep_images(
+        batch, tuple(batch.dp_slice(dp_rank=r, dp_size=2) for r in range(2)), counts
+    )
+    if mask_type == "document_ids":
+        _check_cp_keeps_media(batch)
+        local = batch.cp_partition(torch.arange(0, batch.sequence_length, 2), cp_rank=0, cp_size=2)
+        assert torch.equal(local.model_kwargs["position_ids"][:, :rows], collated["position_ids"][:, :, ::2])
