@@ -1,0 +1,693 @@
+"""`PuzzletronBatch`: construction rules (contract 3.1), goldens of every method (3.3) and the **Better:**
+items. Expected tensors are written by hand; derived batches are re-validated through the public constructor
+(`dataclasses.replace`) to prove the no-validation path only ever builds valid batches."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any
+
+import pytest
+import torch
+
+import puzzletron.dataset.batch as batch_module
+from puzzletron.dataset import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch
+from puzzletron.dataset.errors import BatchValidationError
+
+
+def revalidated(b: PuzzletronBatch) -> PuzzletronBatch:
+    """Run every construction rule on a derived batch."""
+    return dataclasses.replace(b)
+
+
+def packed_row(
+    lengths: list[int], total: int, *, sample_ids: tuple[str, ...] = (), **kwargs: Any
+) -> PuzzletronBatch:
+    """One packed row ``[1, total]``: samples of ``lengths`` then trailing padding; token value = position."""
+    n_valid = sum(lengths)
+    ids = torch.tensor([[i for i, n in enumerate(lengths) for _ in range(n)] + [-1] * (total - n_valid)])
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    hidden = ids >= 0
+    return PuzzletronBatch(
+        model_kwargs={"input_ids": torch.arange(total).reshape(1, total), **kwargs},
+        labels=torch.arange(total).reshape(1, total).masked_fill(~hidden, -100),
+        ce_mask=hidden.clone(),
+        kd_mask=hidden.clone(),
+        hidden_mask=hidden,
+        sequence=PackedSequenceMetadata(global_cu_seqlens=cu, seq_ids=ids, max_seqlen=max(lengths)),
+        sample_ids=sample_ids,
+        layout=DataLayout.PACKED_VARLEN,
+    )
+
+
+def media_batch(*, flat_patches: bool = False, with_grid: bool = True) -> PuzzletronBatch:
+    """3 rows ``a, b, c`` of 4 tokens with 2, 1, 2 images of grid 1x1x1 (or 1x2x2 flat patches)."""
+    grid = torch.tensor([[1, 2, 2]] * 5) if flat_patches else torch.ones(5, 3, dtype=torch.long)
+    rows_per_image = 4 if flat_patches else 1
+    # Row k of pixel_values holds the image number, so alignment is visible in the values.
+    pixels = torch.arange(5).repeat_interleave(rows_per_image).float().reshape(-1, 1).repeat(1, 6)
+    kwargs: dict[str, Any] = {
+        "input_ids": torch.arange(12).reshape(3, 4),
+        "attention_mask": torch.ones(3, 4, dtype=torch.long),
+        "pixel_values": pixels,
+    }
+    if with_grid:
+        kwargs["image_grid_thw"] = grid
+    return PuzzletronBatch(
+        model_kwargs=kwargs,
+        labels=torch.arange(12).reshape(3, 4),
+        ce_mask=torch.ones(3, 4, dtype=torch.bool),
+        hidden_mask=torch.ones(3, 4, dtype=torch.bool),
+        sequence=PackedSequenceMetadata(
+            media_counts=torch.tensor([2, 1, 2]), media_offsets=torch.tensor([0, 2, 3, 5])
+        ),
+        sample_ids=("a", "b", "c"),
+        modality="multimodal",
+    )
+
+
+def plain(**overrides: Any) -> PuzzletronBatch:
+    fields: dict[str, Any] = {"model_kwargs": {"input_ids": torch.zeros(2, 3, dtype=torch.long)}}
+    fields.update(overrides)
+    return PuzzletronBatch(**fields)
+
+
+# -- enums and construction --------------------------------------------------------------------------
+
+
+def test_enum_values() -> None:
+    assert [m.value for m in DataLayout] == ["fixed", "padded_varlen", "packed_varlen"]
+    assert [m.value for m in Modality] == ["text", "multimodal"]
+    assert DataLayout("packed_varlen") is DataLayout.PACKED_VARLEN
+
+
+def test_strings_are_coerced_to_enums_and_sample_ids_to_str_tuple() -> None:
+    b = plain(layout="padded_varlen", modality="multimodal", sample_ids=[1, "x"])
+    assert b.layout is DataLayout.PADDED_VARLEN
+    assert b.modality is Modality.MULTIMODAL
+    assert b.sample_ids == ("1", "x")
+    assert (b.batch_size, b.sequence_length) == (2, 3)
+    assert b.input_ids is b.model_kwargs["input_ids"]
+
+
+def test_layout_string_is_coerced_before_the_cu_rule_compares_it() -> None:
+    b = packed_row([2, 2], 4)
+    again = PuzzletronBatch(
+        model_kwargs=b.model_kwargs, sequence=b.sequence, hidden_mask=b.hidden_mask, layout="packed_varlen"
+    )
+    assert again.layout is DataLayout.PACKED_VARLEN
+
+
+def test_unknown_enum_string_names_the_field() -> None:
+    with pytest.raises(BatchValidationError, match="layout must be one of"):
+        plain(layout="varlen")
+    with pytest.raises(BatchValidationError, match="modality"):
+        plain(modality="audio")
+
+
+def test_model_kwargs_is_a_read_only_private_copy() -> None:
+    raw = {"input_ids": torch.zeros(1, 2, dtype=torch.long)}
+    b = PuzzletronBatch(model_kwargs=raw)
+    assert isinstance(b.model_kwargs, types.MappingProxyType)
+    with pytest.raises(TypeError):
+        b.model_kwargs["attention_mask"] = torch.ones(1, 2)  # type: ignore[index]
+    raw["attention_mask"] = torch.ones(1, 5)  # mutating the caller's dict does not reach the batch
+    assert "attention_mask" not in b.model_kwargs
+    with pytest.raises(TypeError):
+        b.source_metadata["x"] = 1  # type: ignore[index]
+
+
+def test_fingerprint_is_not_an_init_argument() -> None:
+    with pytest.raises(TypeError):
+        PuzzletronBatch(model_kwargs={"input_ids": torch.zeros(1, 1, dtype=torch.long)}, fingerprint="x")  # type: ignore[call-arg]
+
+
+# -- 3.1 validation, one test per rule ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"model_kwargs": {}}, "input_ids"),
+        ({"model_kwargs": {"input_ids": torch.zeros(3, dtype=torch.long)}}, "input_ids"),
+        ({"model_kwargs": {"input_ids": [[1, 2]]}}, "input_ids"),
+        ({"sample_ids": ("a",)}, "sample_ids"),
+        ({"sample_ids": "ab"}, "sample_ids"),
+        ({"labels": torch.zeros(2, 4, dtype=torch.long)}, "labels"),
+        ({"ce_mask": torch.ones(3, 3, dtype=torch.bool)}, "ce_mask"),
+        ({"kd_mask": torch.ones(2, 3, 1, dtype=torch.bool)}, "kd_mask"),
+        ({"hidden_mask": torch.ones(2, dtype=torch.bool)}, "hidden_mask"),
+        (
+            {"model_kwargs": {"input_ids": torch.zeros(2, 3), "source": 1}, "source_metadata": [1]},
+            "source_metadata",
+        ),
+        ({"sequence": {"seq_ids": None}}, "sequence"),
+    ],
+)
+def test_shape_rules_name_the_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(BatchValidationError, match=field):
+        plain(**overrides)
+
+
+@pytest.mark.parametrize(
+    "key", ["attention_mask", "cache_position", "seq_idx", "mm_token_type_ids", "padding_mask", "input_ids"]
+)
+def test_sequence_kwargs_must_end_in_T(key: str) -> None:
+    kwargs = {"input_ids": torch.zeros(2, 3, dtype=torch.long), key: torch.zeros(2, 4, dtype=torch.long)}
+    if key == "input_ids":
+        kwargs = {"input_ids": torch.zeros(2, 3, dtype=torch.long)}
+        plain(model_kwargs=kwargs)  # the control: T from input_ids itself is fine
+        return
+    with pytest.raises(BatchValidationError, match=key):
+        plain(model_kwargs=kwargs)
+
+
+def test_position_ids_may_be_mrope_but_not_anything_else() -> None:
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    plain(model_kwargs={"input_ids": ids, "position_ids": torch.zeros(2, 3, dtype=torch.long)})
+    plain(model_kwargs={"input_ids": ids, "position_ids": torch.zeros(3, 2, 3, dtype=torch.long)})
+    for bad in (torch.zeros(1, 3), torch.zeros(3, 1, 3), torch.zeros(2, 4), torch.zeros(3)):
+        with pytest.raises(BatchValidationError, match="position_ids"):
+            plain(model_kwargs={"input_ids": ids, "position_ids": bad})
+
+
+def test_inputs_embeds_must_be_B_T_H() -> None:
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    plain(model_kwargs={"input_ids": ids, "inputs_embeds": torch.zeros(2, 3, 8)})
+    with pytest.raises(BatchValidationError, match="inputs_embeds"):
+        plain(model_kwargs={"input_ids": ids, "inputs_embeds": torch.zeros(2, 4, 8)})
+
+
+def test_masks_must_be_subsets_of_hidden_and_labels_ignored_outside_it() -> None:
+    hidden = torch.tensor([[True, True, False], [True, False, False]])
+    plain(hidden_mask=hidden, ce_mask=hidden.clone(), labels=torch.tensor([[1, 2, -100], [3, -100, -100]]))
+    with pytest.raises(BatchValidationError, match="ce_mask must be a subset of hidden_mask"):
+        plain(hidden_mask=hidden, ce_mask=torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(BatchValidationError, match="kd_mask must be a subset of hidden_mask"):
+        plain(hidden_mask=hidden, kd_mask=torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(BatchValidationError, match="labels must be -100"):
+        plain(hidden_mask=hidden, labels=torch.tensor([[1, 2, 3], [3, -100, -100]]))
+
+
+def _packed(**seq: Any) -> dict[str, Any]:
+    """Fields of a valid packed row ``[[0,0,0,1,1,-1]]`` with metadata overrides."""
+    meta: dict[str, Any] = {
+        "global_cu_seqlens": torch.tensor([0, 3, 5], dtype=torch.int32),
+        "seq_ids": torch.tensor([[0, 0, 0, 1, 1, -1]]),
+    }
+    meta.update(seq)
+    return {
+        "model_kwargs": {"input_ids": torch.arange(6).reshape(1, 6)},
+        "sequence": PackedSequenceMetadata(**meta),
+        "layout": "packed_varlen",
+    }
+
+
+def test_valid_packed_row_is_accepted() -> None:
+    PuzzletronBatch(**_packed(max_seqlen=3, sample_offsets=((0, 3), (3, 5))))
+
+
+@pytest.mark.parametrize(
+    ("seq", "message"),
+    [
+        ({"global_cu_seqlens": torch.tensor([[0, 3, 5]])}, "global_cu_seqlens must be a 1-D"),
+        ({"global_cu_seqlens": torch.tensor([0])}, "global_cu_seqlens must be a 1-D"),
+        ({"global_cu_seqlens": torch.tensor([0.0, 3.0, 5.0])}, "global_cu_seqlens must be a 1-D integer"),
+        ({"global_cu_seqlens": torch.tensor([1, 3, 5])}, "global_cu_seqlens must start at 0"),
+        ({"global_cu_seqlens": torch.tensor([0, 3, 3, 5])}, "global_cu_seqlens must be strictly increasing"),
+        (
+            {"global_cu_seqlens": torch.tensor([0, 3, 6])},
+            "global_cu_seqlens must end at the valid-token count",
+        ),
+        ({"sample_offsets": ((0, 3), (3, 6))}, "sample_offsets must equal"),
+        ({"sample_offsets": ((0, 5),)}, "sample_offsets must have one pair per sample"),
+        ({"max_seqlen": 2}, "max_seqlen must equal the largest segment"),
+        ({"seq_ids": torch.tensor([[0, 0, 1, 1, 1, -1]])}, "seq_ids token counts"),
+        ({"seq_ids": torch.tensor([[0, 0, 0, 2, 2, -1]])}, "seq_ids must be -1 or ids 0..1"),
+        (
+            {"seq_ids": torch.tensor([[1, 1, 1, 0, 0, -1]]), "global_cu_seqlens": torch.tensor([0, 2, 5])},
+            "row-major",
+        ),
+        ({"seq_ids": torch.tensor([[0, 0, 0, 1, 1, -2]])}, "seq_ids must be >= 0"),
+        ({"seq_ids": torch.tensor([0, 0, 0, 1, 1, -1])}, "seq_ids must be an integer tensor"),
+        ({"cp_size": 2, "cp_rank": 0}, "local_cu_seqlens is required"),
+        (
+            {"cp_size": 2, "cp_rank": 1, "local_cu_seqlens": torch.tensor([0, 3, 4])},
+            "local_cu_seqlens must end at the local valid-token count",
+        ),
+        (
+            {"cp_size": 2, "cp_rank": 1, "local_cu_seqlens": torch.tensor([0, 4, 3, 5])},
+            "local_cu_seqlens must be strictly increasing",
+        ),
+        (
+            {"cp_size": 2, "cp_rank": 1, "local_cu_seqlens": torch.tensor([0, 3, 5]), "max_seqlen": 3},
+            None,  # valid: max is the local one
+        ),
+        (
+            {"cp_size": 2, "cp_rank": 1, "local_cu_seqlens": torch.tensor([0, 3, 5]), "max_seqlen": 5},
+            "max_seqlen must equal the largest local segment",
+        ),
+    ],
+)
+def test_cu_and_seq_id_rules(seq: dict[str, Any], message: str | None) -> None:
+    if message is None:
+        PuzzletronBatch(**_packed(**seq))
+        return
+    with pytest.raises(BatchValidationError, match=message):
+        PuzzletronBatch(**_packed(**seq))
+
+
+def test_cu_requires_packed_layout() -> None:
+    fields = _packed()
+    fields["layout"] = "padded_varlen"
+    with pytest.raises(BatchValidationError, match="global_cu_seqlens requires layout 'packed_varlen'"):
+        PuzzletronBatch(**fields)
+
+
+def test_valid_count_comes_from_hidden_mask_then_B_times_T() -> None:
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    ids = {"input_ids": torch.arange(6).reshape(1, 6)}
+    hidden = torch.tensor([[True] * 5 + [False]])
+    PuzzletronBatch(
+        ids, hidden_mask=hidden, sequence=PackedSequenceMetadata(global_cu_seqlens=cu), layout="packed_varlen"
+    )
+    with pytest.raises(BatchValidationError, match=r"valid-token count \(B\*T\)"):
+        PuzzletronBatch(ids, sequence=PackedSequenceMetadata(global_cu_seqlens=cu), layout="packed_varlen")
+
+
+def test_seq_ids_must_agree_with_hidden_mask() -> None:
+    fields = _packed()
+    fields["hidden_mask"] = torch.tensor([[True] * 6])
+    with pytest.raises(BatchValidationError, match="seq_ids >= 0 must equal hidden_mask"):
+        PuzzletronBatch(**fields)
+
+
+def test_cp_rank_must_be_below_cp_size() -> None:
+    with pytest.raises(BatchValidationError, match="cp_rank must be < cp_size"):
+        PackedSequenceMetadata(cp_rank=2, cp_size=2)
+    with pytest.raises(BatchValidationError, match="cp_size"):
+        PackedSequenceMetadata(cp_size=0)
+
+
+@pytest.mark.parametrize(
+    ("seq", "message"),
+    [
+        ({"media_counts": torch.tensor([1, 0, 0])}, "media_counts must be an integer tensor \\[B\\]"),
+        ({"media_counts": torch.tensor([1.0, 0.0])}, "media_counts must be an integer"),
+        ({"media_counts": torch.tensor([1, -1])}, "media_counts must be >= 0"),
+        (
+            {"media_counts": torch.tensor([1, 0]), "media_offsets": torch.tensor([0, 1, 2])},
+            "media_offsets must be 0, cumsum",
+        ),
+        (
+            {"media_counts": torch.tensor([1, 0]), "media_offsets": torch.tensor([0, 1])},
+            "media_offsets must have B\\+1",
+        ),
+        ({"media_offsets": torch.tensor([0, 1, 1])}, "media_offsets needs sequence.media_counts"),
+    ],
+)
+def test_media_rules(seq: dict[str, Any], message: str) -> None:
+    with pytest.raises(BatchValidationError, match=message):
+        plain(sequence=PackedSequenceMetadata(**seq))
+
+
+def test_media_counts_must_match_image_grid_rows() -> None:
+    kwargs = {
+        "input_ids": torch.zeros(2, 3, dtype=torch.long),
+        "image_grid_thw": torch.ones(2, 3, dtype=torch.long),
+    }
+    plain(model_kwargs=kwargs, sequence=PackedSequenceMetadata(media_counts=torch.tensor([1, 1])))
+    with pytest.raises(BatchValidationError, match="media_counts must sum to the 2 rows of image_grid_thw"):
+        plain(model_kwargs=kwargs, sequence=PackedSequenceMetadata(media_counts=torch.tensor([2, 1])))
+
+
+# -- derived batches are not re-validated or hashed ---------------------------------------------------
+
+
+def test_derived_batches_skip_validation_and_never_hash(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = packed_row([3, 3, 2, 4], 12, sample_ids=("row",), cu_seqlens=torch.tensor([0, 3, 6, 8, 12]))
+    m = media_batch()
+
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("must not run")
+
+    monkeypatch.setattr(batch_module, "_validate", boom)
+    monkeypatch.setattr(batch_module, "fingerprint_of", boom)
+    b.to(torch.float16)
+    b.dp_slice(dp_rank=1, dp_size=2)
+    b.cp_partition(torch.tensor([0, 1, 10, 11]), cp_rank=0, cp_size=2)
+    b.pad_batch_to_multiple(4)
+    m.pp_microbatches(3)
+    m.dp_slice(dp_rank=0, dp_size=3)
+
+
+def test_construction_does_not_compute_the_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("hashed at construction")
+
+    monkeypatch.setattr(batch_module, "fingerprint_of", boom)
+    media_batch()
+    packed_row([2, 2], 5)
+
+
+def test_fingerprint_is_cached_after_first_access(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = media_batch()
+    first = b.fingerprint
+    monkeypatch.setattr(batch_module, "fingerprint_of", lambda *a, **k: "recomputed")
+    assert b.fingerprint == first
+
+
+# -- replace_model_kwargs and to -------------------------------------------------------------------
+
+
+def test_replace_model_kwargs_merges_and_validates() -> None:
+    b = plain()
+    mask = torch.ones(2, 3, dtype=torch.long)
+    out = b.replace_model_kwargs(attention_mask=mask)
+    assert out.model_kwargs["attention_mask"] is mask
+    assert out.input_ids is b.input_ids
+    assert "attention_mask" not in b.model_kwargs
+    with pytest.raises(BatchValidationError, match="attention_mask"):
+        b.replace_model_kwargs(attention_mask=torch.ones(2, 4))
+
+
+def test_to_dtype_converts_floating_tensors_only() -> None:
+    b = media_batch()
+    b = b.replace_model_kwargs(extra={"nested": [torch.zeros(2), torch.zeros(2, dtype=torch.long)]})
+    out = b.to(torch.bfloat16)
+    assert out.model_kwargs["pixel_values"].dtype == torch.bfloat16
+    assert out.model_kwargs["extra"]["nested"][0].dtype == torch.bfloat16
+    assert out.model_kwargs["extra"]["nested"][1].dtype == torch.long
+    assert out.input_ids.dtype == torch.long
+    assert out.model_kwargs["attention_mask"].dtype == torch.long
+    assert out.model_kwargs["image_grid_thw"].dtype == torch.long
+    assert out.labels.dtype == torch.long
+    assert out.ce_mask.dtype == torch.bool
+    assert out.sequence.media_counts.dtype == torch.long
+    assert revalidated(out).sample_ids == ("a", "b", "c")
+
+
+def test_to_accepts_device_and_keyword_forms() -> None:
+    b = media_batch()
+    out = b.to("cpu", dtype=torch.float64)
+    assert out.model_kwargs["pixel_values"].dtype == torch.float64
+    assert b.to(device="cpu").input_ids.device.type == "cpu"
+    assert b.to(torch.zeros(1, dtype=torch.float16)).model_kwargs["pixel_values"].dtype == torch.float16
+
+
+# -- cp_partition --------------------------------------------------------------------------------
+
+
+def test_cp_partition_golden_mrope() -> None:
+    position_ids = torch.arange(16).repeat(3, 1, 1)  # [3, 1, 16]
+    position_ids[1] += 100
+    b = packed_row(
+        [4, 6, 6], 16, position_ids=position_ids, cu_seqlens=torch.tensor([0, 4, 10, 16], dtype=torch.int32)
+    )
+    idx = torch.tensor([0, 1, 4, 5, 10, 11, 12, 13])
+    out = b.cp_partition(idx, cp_rank=0, cp_size=2)
+    assert out.sequence.local_cu_seqlens.tolist() == [0, 2, 4, 8]
+    assert out.sequence.max_seqlen == 4
+    assert out.model_kwargs["position_ids"].shape == (3, 1, 8)
+    assert out.model_kwargs["position_ids"][1].tolist() == [[100, 101, 104, 105, 110, 111, 112, 113]]
+    assert out.input_ids.tolist() == [[0, 1, 4, 5, 10, 11, 12, 13]]
+    assert out.labels.tolist() == [[0, 1, 4, 5, 10, 11, 12, 13]]
+    assert out.sequence.seq_ids.tolist() == [[0, 0, 1, 1, 2, 2, 2, 2]]
+    assert out.sequence.global_cu_seqlens.tolist() == [0, 4, 10, 16]  # global stays
+    assert out.sequence.sample_offsets == b.sequence.sample_offsets
+    assert out.model_kwargs["cu_seqlens"].tolist() == [0, 2, 4, 8]  # the kwarg follows the local cu
+    assert out.model_kwargs["cu_seqlens"].dtype == torch.int32
+    assert (out.sequence.cp_rank, out.sequence.cp_size) == (0, 2)
+    revalidated(out)
+
+
+def test_cp_partition_drops_samples_absent_from_the_rank_and_slices_inputs_embeds() -> None:
+    embeds = torch.arange(8 * 2, dtype=torch.float32).reshape(1, 8, 2)
+    b = packed_row([2, 2, 4], 8, inputs_embeds=embeds)
+    out = b.cp_partition(torch.tensor([4, 5, 6]), cp_rank=1, cp_size=2)
+    assert out.sequence.local_cu_seqlens.tolist() == [0, 3]
+    assert out.sequence.max_seqlen == 3
+    assert out.model_kwargs["inputs_embeds"].tolist() == [[[8.0, 9.0], [10.0, 11.0], [12.0, 13.0]]]
+    revalidated(out)
+
+
+@pytest.mark.parametrize(
+    ("indices", "kwargs", "message"),
+    [
+        (torch.tensor([0, 8]), {"cp_rank": 0, "cp_size": 2}, r"token_indices must lie in \[0, T=8\)"),
+        (torch.tensor([-1, 2]), {"cp_rank": 0, "cp_size": 2}, "token_indices must lie in"),
+        (torch.tensor([1, 1]), {"cp_rank": 0, "cp_size": 2}, "token_indices must be unique"),
+        (torch.tensor([[1, 2]]), {"cp_rank": 0, "cp_size": 2}, "token_indices must be a 1-D integer"),
+        (torch.tensor([1.0, 2.0]), {"cp_rank": 0, "cp_size": 2}, "token_indices must be a 1-D integer"),
+        (torch.tensor([1, 2]), {"cp_rank": 2, "cp_size": 2}, "cp_rank must be < cp_size"),
+        (torch.tensor([1, 2]), {"cp_rank": 0, "cp_size": 1}, "cp_size=1"),
+    ],
+)
+def test_cp_partition_validates_indices(indices: torch.Tensor, kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(BatchValidationError, match=message):
+        packed_row([4, 4], 8).cp_partition(indices, **kwargs)
+
+
+def test_cp_partition_with_cp_size_one_and_all_tokens_is_the_identity() -> None:
+    b = packed_row([4, 4], 8)
+    assert b.cp_partition(torch.arange(8), cp_rank=0, cp_size=1) is b
+
+
+def test_cp_partition_refuses_a_second_partition_and_4d_masks() -> None:
+    b = packed_row([4, 4], 8)
+    part = b.cp_partition(torch.tensor([0, 1, 6, 7]), cp_rank=0, cp_size=2)
+    with pytest.raises(BatchValidationError, match="already CP rank 0 of 2"):
+        part.cp_partition(torch.tensor([0]), cp_rank=0, cp_size=2)
+    masked = b.replace_model_kwargs(attention_mask=torch.ones(1, 1, 8, 8, dtype=torch.bool))
+    with pytest.raises(BatchValidationError, match="4-D model_kwargs\\['attention_mask'\\]"):
+        masked.cp_partition(torch.tensor([0, 1]), cp_rank=0, cp_size=2)
+
+
+# -- dp_slice ------------------------------------------------------------------------------------
+
+
+def test_dp_slice_one_packed_row_golden() -> None:
+    b = packed_row(
+        [3, 3, 2, 4],
+        12,
+        sample_ids=("pack-7",),
+        cu_seqlens=torch.tensor([0, 3, 6, 8, 12], dtype=torch.int32),
+        seq_idx=torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 3]], dtype=torch.int32),
+    )
+    r0 = b.dp_slice(dp_rank=0, dp_size=2)
+    r1 = b.dp_slice(dp_rank=1, dp_size=2)
+    assert r0.input_ids.tolist() == [[0, 1, 2, 3, 4, 5]]
+    assert r0.sequence.seq_ids.tolist() == [[0, 0, 0, 1, 1, 1]]
+    assert r0.sequence.global_cu_seqlens.tolist() == [0, 3, 6]
+    assert r1.input_ids.tolist() == [[6, 7, 8, 9, 10, 11]]
+    assert r1.sequence.seq_ids.tolist() == [[0, 0, 1, 1, 1, 1]]
+    assert r1.sequence.global_cu_seqlens.tolist() == [0, 2, 6]
+    assert r1.model_kwargs["cu_seqlens"].tolist() == [0, 2, 6]
+    assert r1.model_kwargs["seq_idx"].tolist() == [[0, 0, 1, 1, 1, 1]]
+    assert r1.model_kwargs["seq_idx"].dtype == torch.int32
+    assert r1.sequence.max_seqlen == 4
+    assert r1.sequence.sample_offsets == ((0, 2), (2, 6))
+    assert r1.sequence.local_cu_seqlens is None
+    assert r0.sample_ids == ("pack-7:dp-0",)
+    assert r1.sample_ids == ("pack-7:dp-1",)
+    assert r1.source_metadata["dp_packed_sample_range"] == [2, 4]
+    assert (r1.source_metadata["dp_rank"], r1.source_metadata["dp_size"]) == (1, 2)
+    assert r1.labels.tolist() == [[6, 7, 8, 9, 10, 11]]
+    revalidated(r0)
+    revalidated(r1)
+
+
+def test_dp_slice_packed_row_drops_trailing_padding_and_deals_extra_samples_first() -> None:
+    b = packed_row([1, 2, 3, 4, 5], 18)  # 15 valid tokens + 3 padding; 5 samples over 2 ranks -> 3 + 2
+    r0, r1 = (b.dp_slice(dp_rank=r, dp_size=2) for r in range(2))
+    assert r0.input_ids.tolist() == [[0, 1, 2, 3, 4, 5]]
+    assert r1.input_ids.tolist() == [[6, 7, 8, 9, 10, 11, 12, 13, 14]]
+    assert r1.sequence.global_cu_seqlens.tolist() == [0, 4, 9]
+    assert r0.sample_ids == ("packed-row:dp-0",)
+
+
+def test_dp_slice_packed_row_errors() -> None:
+    with pytest.raises(BatchValidationError, match="holds 2 samples, fewer than dp_size 3"):
+        packed_row([2, 2], 4).dp_slice(dp_rank=0, dp_size=3)
+    with_media = packed_row(
+        [2, 2], 4, pixel_values=torch.zeros(1, 3), image_grid_thw=torch.ones(1, 3, dtype=torch.long)
+    )
+    with pytest.raises(BatchValidationError, match="holds media"):
+        with_media.dp_slice(dp_rank=0, dp_size=2)
+
+
+def test_dp_slice_media_rows_golden() -> None:
+    b = media_batch()
+    shards = [b.dp_slice(dp_rank=r, dp_size=3) for r in range(3)]
+    assert [s.sample_ids for s in shards] == [("a",), ("b",), ("c",)]
+    assert [s.sequence.media_counts.tolist() for s in shards] == [[2], [1], [2]]
+    assert [s.model_kwargs["image_grid_thw"].shape[0] for s in shards] == [2, 1, 2]
+    assert [s.model_kwargs["pixel_values"][:, 0].tolist() for s in shards] == [[0.0, 1.0], [2.0], [3.0, 4.0]]
+    assert [s.sequence.media_offsets.tolist() for s in shards] == [[0, 2], [0, 1], [0, 2]]
+    for s in shards:
+        revalidated(s)
+
+
+def test_dp_slice_size_one_is_identity_and_indivisible_batch_is_an_error() -> None:
+    b = media_batch()
+    assert b.dp_slice(dp_rank=0, dp_size=1) is b
+    with pytest.raises(BatchValidationError, match="not divisible by dp_size 2.*sampler"):
+        b.dp_slice(dp_rank=0, dp_size=2)
+    with pytest.raises(BatchValidationError, match="dp_rank must be < dp_size"):
+        b.dp_slice(dp_rank=3, dp_size=3)
+
+
+# -- pp_microbatches ------------------------------------------------------------------------------
+
+
+def test_pp_microbatches_media_golden() -> None:
+    groups = media_batch().pp_microbatches(2)
+    assert [g.sample_ids for g in groups] == [("a", "b"), ("c",)]
+    assert [g.model_kwargs["pixel_values"].shape[0] for g in groups] == [3, 2]
+    assert [g.sequence.media_counts.tolist() for g in groups] == [[2, 1], [2]]
+    assert [g.sequence.media_offsets.tolist() for g in groups] == [[0, 2, 3], [0, 2]]
+    assert [g.model_kwargs["image_grid_thw"].shape[0] for g in groups] == [3, 2]
+    assert groups[1].input_ids.tolist() == [[8, 9, 10, 11]]
+    for g in groups:
+        revalidated(g)
+
+
+def test_pp_microbatches_align_flat_patches_through_the_grid() -> None:
+    groups = media_batch(flat_patches=True).pp_microbatches(2)
+    # 4 patch rows per image; images 0,1,2 in group 0 and 3,4 in group 1.
+    assert groups[0].model_kwargs["pixel_values"][:, 0].tolist() == [0.0] * 4 + [1.0] * 4 + [2.0] * 4
+    assert groups[1].model_kwargs["pixel_values"][:, 0].tolist() == [3.0] * 4 + [4.0] * 4
+
+
+def test_pp_microbatches_refuse_flat_pixels_without_grid() -> None:
+    b = media_batch(flat_patches=True, with_grid=False)
+    with pytest.raises(BatchValidationError, match="cannot align flat pixel_values without image_grid_thw"):
+        b.pp_microbatches(2)
+
+
+def test_pp_microbatches_return_exactly_n_groups_or_raise() -> None:
+    b = PuzzletronBatch({"input_ids": torch.arange(10).reshape(5, 2)}, sample_ids=tuple("abcde"))
+    groups = b.pp_microbatches(4)
+    assert [g.sample_ids for g in groups] == [("a", "b"), ("c",), ("d",), ("e",)]
+    assert b.pp_microbatches(1) == (b,)
+    with pytest.raises(BatchValidationError, match="n_microbatches 6 exceeds batch_size 5"):
+        b.pp_microbatches(6)
+    with pytest.raises(BatchValidationError, match="n_microbatches"):
+        b.pp_microbatches(0)
+
+
+def test_pp_microbatches_recanonicalise_packed_rows_and_rebuild_cu_kwargs() -> None:
+    seq_ids = torch.tensor([[0, 0, 1, -1], [2, 2, 2, 3], [4, -1, -1, -1]])
+    cu = torch.tensor([0, 2, 3, 6, 7, 8], dtype=torch.int32)
+    b = PuzzletronBatch(
+        model_kwargs={
+            "input_ids": torch.arange(12).reshape(3, 4),
+            "cu_seqlens": cu.clone(),
+            "seq_idx": seq_ids.clone(),
+            "unknown": torch.zeros(3),  # dim 0 happens to equal B: must be passed through, not sliced
+        },
+        hidden_mask=seq_ids >= 0,
+        sequence=PackedSequenceMetadata(
+            global_cu_seqlens=cu,
+            seq_ids=seq_ids,
+            max_seqlen=3,
+            sample_offsets=((0, 2), (2, 3), (3, 6), (6, 7), (7, 8)),
+        ),
+        layout="packed_varlen",
+    )
+    first, second = b.pp_microbatches(2)
+    assert second.sequence.seq_ids.tolist() == [[0, -1, -1, -1]]
+    assert second.sequence.global_cu_seqlens.tolist() == [0, 1]
+    assert second.sequence.max_seqlen == 1
+    assert second.sequence.sample_offsets == ((0, 1),)
+    assert second.model_kwargs["cu_seqlens"].tolist() == [0, 1]
+    assert second.model_kwargs["seq_idx"].tolist() == [[0, -1, -1, -1]]
+    assert first.sequence.global_cu_seqlens.tolist() == [0, 2, 3, 6, 7]
+    assert first.model_kwargs["unknown"] is b.model_kwargs["unknown"]
+    revalidated(first)
+    revalidated(second)
+
+
+# -- pad_batch_to_multiple -----------------------------------------------------------------------
+
+
+def test_pad_batch_to_multiple_golden_shares_media() -> None:
+    b = media_batch()
+    out = b.pad_batch_to_multiple(2)
+    assert out.batch_size == 4
+    assert out.model_kwargs["pixel_values"].data_ptr() == b.model_kwargs["pixel_values"].data_ptr()
+    assert out.model_kwargs["pixel_values"].shape[0] == 5
+    assert out.model_kwargs["image_grid_thw"] is b.model_kwargs["image_grid_thw"]
+    assert out.sequence.media_counts.tolist() == [2, 1, 2, 0]
+    assert out.sequence.media_offsets.tolist() == [0, 2, 3, 5, 5]
+    assert out.model_kwargs["attention_mask"][3].tolist() == [0, 0, 0, 0]
+    assert out.labels[3].tolist() == [-100] * 4
+    assert out.hidden_mask[3].tolist() == [False] * 4
+    assert out.ce_mask[3].tolist() == [False] * 4
+    assert out.sample_ids == ("a", "b", "c", "__pp_padding_0")
+    revalidated(out)
+
+
+def test_pad_batch_without_sample_ids_pads_every_known_kwarg() -> None:
+    seq_ids = torch.tensor([[0, 0, 1]])
+    b = PuzzletronBatch(
+        model_kwargs={
+            "input_ids": torch.tensor([[5, 6, 7]]),
+            "seq_idx": seq_ids.clone(),
+            "padding_mask": torch.tensor([[False, False, False]]),
+            "position_ids": torch.arange(3).repeat(3, 1, 1),
+        },
+        hidden_mask=torch.ones(1, 3, dtype=torch.bool),
+        sequence=PackedSequenceMetadata(global_cu_seqlens=torch.tensor([0, 2, 3]), seq_ids=seq_ids),
+        layout="packed_varlen",
+    )
+    out = b.pad_batch_to_multiple(3)
+    assert out.sample_ids == ()
+    assert out.input_ids.tolist() == [[5, 6, 7], [0, 0, 0], [0, 0, 0]]
+    assert out.model_kwargs["seq_idx"].tolist() == [[0, 0, 1], [-1, -1, -1], [-1, -1, -1]]
+    assert out.model_kwargs["padding_mask"][1:].all()
+    assert out.model_kwargs["position_ids"].shape == (3, 3, 3)
+    assert out.model_kwargs["position_ids"][:, 1:].eq(0).all()
+    assert out.sequence.seq_ids.tolist() == [[0, 0, 1], [-1, -1, -1], [-1, -1, -1]]
+    assert out.sequence.global_cu_seqlens is b.sequence.global_cu_seqlens
+    revalidated(out)
+    assert b.pad_batch_to_multiple(1) is b
+
+
+# -- equality and hashing ------------------------------------------------------------------------
+
+
+def test_equality_and_hash_are_by_content_and_never_crash() -> None:
+    a, b = media_batch(), media_batch()
+    assert a == b
+    assert hash(a) == hash(b)
+    assert len({a, b}) == 1
+    changed = a.replace_model_kwargs(attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]))
+    assert a != changed
+    assert a != "not a batch"
+    assert a.sequence == b.sequence
+    assert hash(a.sequence) == hash(b.sequence)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an accelerator")
+def test_on_cuda_construction_syncs_once_and_derived_batches_do_not_validate() -> None:
+    import warnings
+
+    b = media_batch().to("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            revalidated(b)
+        construction_syncs = len(caught)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            b.to(torch.bfloat16)
+            b.pad_batch_to_multiple(4)
+        derived_syncs = len(caught)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert construction_syncs == 1
+    assert derived_syncs == 0
