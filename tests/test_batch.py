@@ -532,7 +532,7 @@ def test_dp_slice_media_rows_golden() -> None:
 def test_dp_slice_size_one_is_identity_and_indivisible_batch_is_an_error() -> None:
     b = media_batch()
     assert b.dp_slice(dp_rank=0, dp_size=1) is b
-    with pytest.raises(BatchValidationError, match="not divisible by dp_size 2.*sampler"):
+    with pytest.raises(BatchValidationError, match=r"not divisible by dp_size 2.*sampler"):
         b.dp_slice(dp_rank=0, dp_size=2)
     with pytest.raises(BatchValidationError, match="dp_rank must be < dp_size"):
         b.dp_slice(dp_rank=3, dp_size=3)
