@@ -384,14 +384,14 @@ def materialize_puzzle_kd_dataset(
                     datasets.table.InMemoryTable(table), fingerprint=_fingerprint(identity, split)
                 )
                 splits[split] = ds
-            quiet = not datasets.utils.tqdm.are_progress_bars_disabled()
+            quiet = not datasets.utils.are_progress_bars_disabled()
             if quiet:  # the library logs; progress bars are the CLI's business
-                datasets.utils.tqdm.disable_progress_bars()
+                datasets.utils.disable_progress_bars()
             try:
                 datasets.DatasetDict(splits).save_to_disk(str(tmp))
             finally:
                 if quiet:
-                    datasets.utils.tqdm.enable_progress_bars()
+                    datasets.utils.enable_progress_bars()
             manifest = {
                 "version": FORMAT_VERSION,
                 "acquisition": identity,
