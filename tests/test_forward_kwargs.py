@@ -1,0 +1,211 @@
+"""`forward_kwargs`: the attention kwargs of a packed batch reproduce per-document causal attention.
+
+A minimal varlen attention written here consumes the kwargs (flash ``cu_seq_lens_q/k``; Transformer Engine
+``cu_seqlens`` + ``cu_seqlens_padded``) and is compared, in float64 on the CPU, with attention computed
+document by document from the batch's own token -> document map. Also after `cp_partition`, with local cu.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+
+from puzzletron.dataset import batch_from_automodel
+from puzzletron.dataset.automodel import forward_kwargs
+from puzzletron.dataset.errors import BatchValidationError
+
+HEADS, DIM = 2, 4
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention of one sequence: q, k, v [L, H, D] -> [L, H, D]."""
+    scores = torch.einsum("qhd,khd->hqk", q, k) / DIM**0.5
+    future = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool).triu(1)
+    weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+    return torch.einsum("hqk,khd->qhd", weights, v)
+
+
+def flash_varlen_reference(q, k, v, *, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, **_):
+    """What ``flash_attn_varlen_func(causal=True)`` computes over flat [N, H, D] tokens."""
+    assert torch.equal(cu_seq_lens_q, cu_seq_lens_k) and max_length_q == max_length_k
+    out = torch.zeros_like(q)
+    cu = cu_seq_lens_q.tolist()
+    assert cu[-1] == q.shape[0]
+    for start, stop in itertools.pairwise(cu):
+        assert stop - start <= max_length_q
+        out[start:stop] = _causal(q[start:stop], k[start:stop], v[start:stop])
+    return out
+
+
+def te_thd_reference(q, k, v, *, cu_seqlens_q, cu_seqlens_q_padded, max_seqlen_q, **_):
+    """Transformer Engine THD, ``padding_causal``: sequence i holds the first ``cu[i+1]-cu[i]`` tokens of
+    its padded span ``[cu_padded[i], cu_padded[i+1])``; outputs on padding are zero."""
+    out = torch.zeros_like(q)
+    lengths = cu_seqlens_q.diff().tolist()
+    starts = cu_seqlens_q_padded.tolist()
+    assert starts[-1] == q.shape[0]
+    for length, start, stop in zip(lengths, starts[:-1], starts[1:], strict=True):
+        assert length <= stop - start and length <= max_seqlen_q
+        span = slice(start, start + length)
+        out[span] = _causal(q[span], k[span], v[span])
+    return out
+
+
+def per_document(q, k, v, seq_ids: torch.Tensor) -> torch.Tensor:
+    """Ground truth: each document's tokens (in order) attend causally among themselves."""
+    flat = seq_ids.reshape(-1)
+    out = torch.zeros_like(q)
+    for doc in flat[flat >= 0].unique().tolist():
+        where = torch.nonzero(flat == doc).flatten()
+        out[where] = _causal(q[where], k[where], v[where])
+    return out
+
+
+def _qkv(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(n)
+    return tuple(torch.randn(n, HEADS, DIM, generator=g, dtype=torch.float64) for _ in range(3))
+
+
+def _packed(doc_ids: list[list[int]]):
+    ids = torch.tensor(doc_ids)
+    return batch_from_automodel(
+        {"input_ids": torch.arange(ids.numel()).reshape(ids.shape), "_packed_seq_ids": ids},
+        sample_ids=[f"pack-{i}" for i in range(ids.shape[0])],
+        source_metadata={},
+        layout="packed_varlen",
+    )
+
+
+def _expected_positions(seq_ids: torch.Tensor) -> torch.Tensor:
+    flat = seq_ids.reshape(-1).tolist()
+    row_length = seq_ids.shape[-1]
+    positions, previous, run = [], None, 0
+    for i, doc in enumerate(flat):
+        run = run + 1 if (doc == previous and i % row_length) else 0
+        positions.append(run)
+        previous = doc
+    return torch.tensor(positions).reshape(seq_ids.shape)
+
+
+PACKS = {
+    "one-row": [[1, 1, 1, 2, 2, 2, 2, 3, 3, 0, 0, 0]],
+    "two-rows": [[1, 1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]],
+    "full-rows": [[1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 1, 1]],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PACKS))
+@pytest.mark.parametrize(
+    ("backend", "reference"), [("flash", flash_varlen_reference), ("te_thd", te_thd_reference)]
+)
+def test_packed_attention_equals_per_document_attention(name: str, backend: str, reference) -> None:
+    batch = _packed(PACKS[name])
+    kwargs = forward_kwargs(batch, backend=backend)
+    seq_ids = batch.sequence.seq_ids
+    q, k, v = _qkv(seq_ids.numel())
+    valid = (seq_ids >= 0).reshape(-1)
+    got = reference(q, k, v, **kwargs)
+    want = per_document(q, k, v, seq_ids)
+    torch.testing.assert_close(got[valid], want[valid], rtol=0, atol=1e-12)
+    positions = kwargs["position_ids"]
+    assert torch.equal(positions[seq_ids >= 0], _expected_positions(seq_ids)[seq_ids >= 0])
+
+
+def test_flash_kwargs_agree_with_hf_position_id_derivation() -> None:
+    batch = _packed(PACKS["two-rows"])
+    kwargs = forward_kwargs(batch, backend="flash")
+    (cu_q, _), (max_q, _) = prepare_fa_kwargs_from_position_ids(kwargs["position_ids"])
+    assert torch.equal(cu_q, kwargs["cu_seq_lens_q"])
+    assert int(max_q) == kwargs["max_length_q"]
+    # Physical cu over B*T: documents and padding runs; rows never merge.
+    assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 6, 8, 15, 16]
+    assert kwargs["cu_seq_lens_q"].dtype == torch.int32
+
+
+def test_te_kwargs_golden() -> None:
+    kwargs = forward_kwargs(_packed(PACKS["two-rows"]), backend="te_thd")
+    assert kwargs["qkv_format"] == "thd"
+    assert kwargs["cu_seqlens_q"].tolist() == [0, 3, 6, 13]
+    assert kwargs["cu_seqlens_q_padded"].tolist() == [0, 3, 8, 16]  # row 0's padding follows its last doc
+    assert kwargs["max_seqlen_q"] == 7
+    assert kwargs["cu_seqlens_q"].dtype == torch.int32
+
+
+@pytest.mark.parametrize(
+    ("backend", "reference"), [("flash", flash_varlen_reference), ("te_thd", te_thd_reference)]
+)
+def test_after_cp_partition_local_kwargs_match_local_documents(backend: str, reference) -> None:
+    # Contract golden: 16 tokens, samples 4/6/6; rank 0 of 2 holds [0,1,4,5,10,11,12,13]
+    # -> local cu [0,2,4,8].
+    batch = _packed([[1] * 4 + [2] * 6 + [3] * 6])
+    local = batch.cp_partition(torch.tensor([0, 1, 4, 5, 10, 11, 12, 13]), cp_rank=0, cp_size=2)
+    assert local.sequence.local_cu_seqlens.tolist() == [0, 2, 4, 8]
+    kwargs = forward_kwargs(local, backend=backend)
+    cu_key = "cu_seq_lens_q" if backend == "flash" else "cu_seqlens_q"
+    assert kwargs[cu_key].tolist() == [0, 2, 4, 8]
+    q, k, v = _qkv(8)
+    torch.testing.assert_close(
+        reference(q, k, v, **kwargs), per_document(q, k, v, local.sequence.seq_ids), rtol=0, atol=1e-12
+    )
+
+
+def test_after_cp_partition_with_padding_and_two_rows() -> None:
+    batch = _packed(PACKS["two-rows"])
+    local = batch.cp_partition(torch.tensor([0, 2, 3, 5, 6]), cp_rank=1, cp_size=2)
+    seq_ids = local.sequence.seq_ids
+    assert seq_ids.tolist() == [[0, 0, 1, 1, -1], [2, 2, 2, 2, 2]]
+    for backend, reference in (("flash", flash_varlen_reference), ("te_thd", te_thd_reference)):
+        kwargs = forward_kwargs(local, backend=backend)
+        q, k, v = _qkv(seq_ids.numel())
+        valid = (seq_ids >= 0).reshape(-1)
+        torch.testing.assert_close(
+            reference(q, k, v, **kwargs)[valid], per_document(q, k, v, seq_ids)[valid], rtol=0, atol=1e-12
+        )
+
+
+def test_a_document_split_into_two_runs_is_an_error_not_a_dropped_boundary() -> None:
+    batch = _packed([[1] * 4 + [2] * 4])
+    local = batch.cp_partition(torch.tensor([0, 4, 1, 5]), cp_rank=0, cp_size=2)  # ids 0,1,0,1
+    for backend in ("flash", "te_thd"):
+        with pytest.raises(BatchValidationError, match="split or merged"):
+            forward_kwargs(local, backend=backend)
+
+
+def test_te_refuses_leading_padding() -> None:
+    batch = batch_from_automodel(
+        {"input_ids": torch.zeros(1, 4, dtype=torch.long), "attention_mask": torch.tensor([[0, 1, 1, 1]])},
+        sample_ids=["left-padded"],
+        source_metadata={},
+        layout="packed_varlen",
+    )
+    with pytest.raises(BatchValidationError, match="starts with padding"):
+        forward_kwargs(batch, backend="te_thd")
+    assert forward_kwargs(batch, backend="flash")["cu_seq_lens_q"].tolist() == [0, 1, 4]
+
+
+def test_unpacked_batch_and_unknown_backend_are_errors() -> None:
+    batch = batch_from_automodel(
+        {"input_ids": torch.zeros(1, 4, dtype=torch.long)},
+        sample_ids=["a"],
+        source_metadata={},
+        layout="fixed",
+    )
+    with pytest.raises(BatchValidationError, match="packed"):
+        forward_kwargs(batch, backend="flash")
+    with pytest.raises(ValueError, match="backend"):
+        forward_kwargs(_packed(PACKS["one-row"]), backend="sdpa")  # type: ignore[arg-type]
+
+
+def test_mrope_positions_are_kept() -> None:
+    ids = torch.tensor([[1, 1, 2, 2, 2, 0]])
+    mrope = torch.arange(18).reshape(3, 1, 6)
+    batch = batch_from_automodel(
+        {"input_ids": torch.zeros(1, 6, dtype=torch.long), "_packed_seq_ids": ids, "position_ids": mrope},
+        sample_ids=["p"],
+        source_metadata={},
+        layout="packed_varlen",
+    )
+    assert forward_kwargs(batch, backend="flash")["position_ids"] is mrope
