@@ -82,10 +82,12 @@ def shift_labels(input_ids: np.ndarray, supervised: np.ndarray) -> np.ndarray:
 def _normalise(messages: Sequence[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
     out = []
     for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
-            raise ValueError(f"{where}: messages[{i}] must be a mapping with 'role' and 'content'")
-        content = message["content"]
-        out.append({"role": str(message["role"]), "content": "" if content is None else content})
+        # Arrow fills a missing key with null, so null counts as missing.
+        if not isinstance(message, Mapping) or message.get("role") is None or message.get("content") is None:
+            raise ValueError(
+                f"{where}: messages[{i}] must be a mapping with 'role' and 'content' (got {message!r:.120})"
+            )
+        out.append({"role": str(message["role"]), "content": message["content"]})
     return out
 
 
