@@ -428,3 +428,59 @@ def test_vlm_neat_packing_with_mrope(
         _check_cp_keeps_media(batch)
         local = batch.cp_partition(torch.arange(0, batch.sequence_length, 2), cp_rank=0, cp_size=2)
         assert torch.equal(local.model_kwargs["position_ids"][:, :rows], collated["position_ids"][:, :, ::2])
+
+
+# --- AutoModel's own YAML loader and VLM dataloader config ---------------------------------------------
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["collate", "neat-packed"])
+def test_automodel_yaml_dataloader_instantiates_our_factory(
+    workdir: Path, vlm_dataset: Any, packed: bool
+) -> None:
+    from nemo_automodel.components.config.loader import load_yaml_config
+    from nemo_automodel.recipes._typed_config import RecipeConfig
+
+    processor_dir = build_qwen2_5_vl_processor(workdir / "yaml-processor")
+    config_path = workdir / f"vlm-{packed}.yaml"
+    config_path.write_text(
+        f"""
+step_scheduler:
+  local_batch_size: 2
+dataset:
+  _target_: puzzletron.dataset.load_materialized_conversation_dataset
+  path_or_dataset: {workdir / "vlm"}
+  num_samples: 8
+  max_length: 512
+  inject_fake_images: false
+dataloader:
+  _target_: torchdata.stateful_dataloader.StatefulDataLoader
+  shuffle: false
+processor:
+  _target_: puzzletron.fixtures.tokenizer.load_qwen2_5_vl_processor
+  directory: {processor_dir}
+"""
+        + ("packed_sequence:\n  pack_size: 256\n" if packed else "")
+    )
+    # The same calls FinetuneRecipeForVLM.setup makes (less the model, which only adds mRoPE positions).
+    config = RecipeConfig(load_yaml_config(config_path))
+    loader_config = config.vlm_dataloader
+    assert loader_config.dataset_config.factory is load_materialized_conversation_dataset
+    built = loader_config.build(
+        pretrained_model_name_or_path=str(processor_dir),
+        dp_rank=0,
+        dp_world_size=1,
+        batch_size=config.get("step_scheduler.local_batch_size", 1),
+    )
+    layout = PACKED if packed else "padded_varlen"
+    batches = [_convert(dict(collated), layout) for collated in built.dataloader]
+    assert batches
+    images = sum(int(b.sequence.media_counts.sum()) for b in batches)
+    assert images == sum(IMAGE_COUNTS)  # no fake images were injected, none lost
+    for batch in batches:
+        assert batch.model_kwargs["image_grid_thw"].shape[0] == int(batch.sequence.media_counts.sum())
+    if packed:
+        documents = sum(len(b.sequence.sample_offsets) for b in batches)
+        assert documents == len(vlm_dataset)
+    else:
+        order = [c for b in batches for c in b.sequence.media_counts.tolist()]
+        assert order == list(IMAGE_COUNTS)
