@@ -39,6 +39,7 @@ __all__ = [
     "list_files",
     "read_member",
     "resolve_revision",
+    "set_progress_bars",
     "split_patterns",
     "tar_members",
 ]
@@ -62,6 +63,13 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
     )
     return Path(home) / "hub"
+
+
+def set_progress_bars(enabled: bool) -> None:
+    """Show or hide `huggingface_hub`'s download progress bars (stderr)."""
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    (enable_progress_bars if enabled else disable_progress_bars)()
 
 
 def _token() -> str | None:

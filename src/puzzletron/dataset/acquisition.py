@@ -73,6 +73,11 @@ MANIFEST_NAME = "manifest.json"  # the Puzzle-KD snapshot manifest, written last
 FORMAT_VERSION = 1
 
 
+def _progress(stage: str, advance: int, total: int) -> None:
+    """A DEBUG record a progress display may follow (the CLI turns these into tqdm bars)."""
+    logger.debug("%s: +%d of %d", stage, advance, total, extra={"progress": (stage, advance, total)})
+
+
 # ----------------------------------------------------------------------------------------------- specs
 
 
@@ -302,6 +307,7 @@ def _hub_split_table(source: str, split: str, revision: str, seed: int, count: i
             take = min(table.num_rows, count - have)
             parts.append(table.slice(0, take))
             have += take
+            _progress(split, take, count)
             if have == count:
                 return pa.concat_tables(parts).combine_chunks()
     raise AcquisitionError(
@@ -568,6 +574,7 @@ class _RoundRobin:
                 taken[subset] += 1
                 self.diagnostics["materialized_rows"][subset] += 1
                 progressed = True
+                _progress("samples", 1, total)
                 yield sample  # the caller writes it before asking for the next one
             if not progressed or len(dry) == len(spec.subsets):
                 break
@@ -682,6 +689,7 @@ def _intersyn_samples(
             sample["source"]["revision"] = revision
             kept += 1
             diagnostics["materialized_rows"][source] = kept
+            _progress("samples", 1, 2 * rows_per_source)
             yield sample
             if kept == rows_per_source:
                 break

@@ -1,0 +1,130 @@
+"""`puzzletron-data materialize ...` and `puzzletron-data hub ...` through the mirror."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from puzzletron.cli import main
+from puzzletron.fixtures.hub import INTERSYN_MULTI, INTERSYN_SINGLE, PUZZLE_KD, FixtureHub
+
+
+def _json_line(capsys: pytest.CaptureFixture[str]) -> dict:
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1, out
+    return json.loads(out[0])
+
+
+def test_materialize_puzzle_kd_done_then_reused_then_mismatch(
+    hub_endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "pkd"
+    argv = [
+        "materialize",
+        "puzzle-kd",
+        "--output",
+        str(out),
+        "--train-samples",
+        "30",
+        "--validation-samples",
+        "5",
+    ]
+    assert main(argv) == 0
+    line = _json_line(capsys)
+    assert line == {
+        "status": "done",
+        "adapter": "puzzle_kd_v2",
+        "output": str(out),
+        "manifest": str(out / "manifest.json"),
+    }
+    assert json.loads(Path(line["manifest"]).read_text())["splits"] == {"train": 30, "validation": 5}
+    assert main(argv) == 0
+    assert _json_line(capsys)["status"] == "reused"
+    assert main([*argv[:-1], "6"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "does not match requested acquisition" in captured.err
+
+
+def test_materialize_nemotron_with_subset_rows(
+    hub_endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "vlm"
+    argv = ["materialize", "nemotron-vlm", "--output", str(out), "--num-samples", "7", "--quiet"]
+    argv += ["--subset-rows", "sparsetables=10", "--subset-rows", "plotqa_cot=30"]
+    assert main(argv) == 0
+    line = _json_line(capsys)
+    assert line["status"] == "done" and line["adapter"] == "nemotron_vlm_v2"
+    manifest = json.loads(Path(line["manifest"]).read_text())
+    assert manifest["diagnostics"]["requested_quotas"] == {"sparsetables": 2, "plotqa_cot": 5}
+    assert manifest["acquisition"]["subsets"] == ["sparsetables", "plotqa_cot"]
+
+
+def test_materialize_intersyn_with_pinned_fixture_revisions(
+    hub_endpoint: str, fixture_hub: FixtureHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "inter"
+    argv = ["materialize", "intersyn", "--output", str(out), "--rows-per-source", "2"]
+    argv += ["--single-turn-revision", fixture_hub.shas[INTERSYN_SINGLE]]
+    argv += ["--multi-turn-revision", fixture_hub.shas[INTERSYN_MULTI]]
+    assert main(argv) == 0
+    manifest = json.loads(Path(_json_line(capsys)["manifest"]).read_text())
+    assert manifest["sample_count"] == 4
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--subset-rows", "sparsetables"],  # not NAME=ROWS
+        ["--num-samples", "0"],  # spec field out of range
+        ["--subset", "a", "--subset-rows", "b=1"],  # subset_rows must name the subsets
+    ],
+)
+def test_usage_errors_exit_2(tmp_path: Path, extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["materialize", "nemotron-vlm", "--output", str(tmp_path / "x"), *extra]) == 2
+    assert capsys.readouterr().out == ""
+    assert not (tmp_path / "x").exists()
+
+
+def test_argparse_usage_error_exits_2(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["materialize", "puzzle-kd"])  # --output missing
+    assert info.value.code == 2
+
+
+def test_hub_error_exits_1_with_the_reason(
+    hub_endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["materialize", "puzzle-kd", "--output", str(tmp_path / "x"), "--source", "acme/missing"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "acme/missing" in err and "HF_ENDPOINT" in err
+
+
+def test_hub_fixtures_then_serve_in_a_subprocess(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hub", "fixtures", str(tmp_path / "hub")]) == 0
+    shas = _json_line(capsys)["shas"]
+    assert set(shas) >= {PUZZLE_KD}
+    assert main(["hub", "fixtures", str(tmp_path / "hub")]) == 1  # already there
+    capsys.readouterr()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "puzzletron.cli", "hub", "serve", str(tmp_path / "hub")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        endpoint = process.stdout.readline().strip()  # type: ignore[union-attr]
+        assert endpoint.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(f"{endpoint}/api/datasets/{PUZZLE_KD}/revision/main", timeout=10) as r:
+            assert json.load(r)["sha"] == shas[PUZZLE_KD]
+    finally:
+        os.kill(process.pid, signal.SIGTERM)
+        code = process.wait(timeout=30)
+    assert code == 0
