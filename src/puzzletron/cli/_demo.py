@@ -88,17 +88,10 @@ def _fp(batch: Any) -> str:
 
 
 def _cp_indices(batch: Any, *, cp_rank: int, cp_size: int) -> torch.Tensor:
-    """Load-balanced (zigzag) CP token indices when `parallel` provides them, else a contiguous split."""
-    try:
-        from puzzletron.dataset.parallel import load_balanced_cp_indices
+    """Load-balanced (zigzag, per document) CP token indices of ``batch``."""
+    from puzzletron.dataset.parallel import batch_cp_indices
 
-        return load_balanced_cp_indices(batch, cp_rank=cp_rank, cp_size=cp_size)
-    except (ImportError, NotImplementedError, TypeError):
-        length = batch.sequence_length
-        if length % cp_size:
-            raise ValueError(f"sequence length {length} not divisible by cp {cp_size}") from None
-        chunk = length // cp_size
-        return torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk)
+    return batch_cp_indices(batch, cp_rank=cp_rank, cp_size=cp_size)
 
 
 def check_sharding(batch: Any, *, dp: int, cp: int, pp: int) -> list[str]:
@@ -134,6 +127,15 @@ def check_sharding(batch: Any, *, dp: int, cp: int, pp: int) -> list[str]:
             raise AssertionError(f"CP partitions of DP shard {r} do not reassemble its input_ids")
         if not torch.equal(rebuilt_labels, shard.labels):
             raise AssertionError(f"CP partitions of DP shard {r} do not reassemble its labels")
+        from puzzletron.dataset.parallel import gather_cp_partitions
+
+        indices = [_cp_indices(shard, cp_rank=c, cp_size=cp) for c in range(cp)]
+        gathered = gather_cp_partitions(
+            [shard.cp_partition(i, cp_rank=c, cp_size=cp) for c, i in enumerate(indices)], indices
+        )
+        for name in ("input_ids", "labels", "hidden_mask"):
+            if not torch.equal(getattr(gathered, name), getattr(shard, name)):
+                raise AssertionError(f"gather_cp_partitions of DP shard {r} does not rebuild its {name}")
         # PP: microbatches are contiguous row groups.
         micro = shard.pp_microbatches(pp) if shard.batch_size >= pp else (shard,)
         if not torch.equal(torch.cat([m.input_ids for m in micro]), shard.input_ids):
@@ -204,14 +206,38 @@ def _verify(path: Path) -> str:
     from puzzletron.dataset.subset import verify_subset
 
     result = verify_subset(path)
-    return f"verified {path.name}: {result!r}"[:200]
+    if result.problems:
+        raise AssertionError(f"verify {path.name}: {'; '.join(result.problems[:3])}")
+    return (
+        f"verified {path.name}: {result.sample_count} samples, {result.image_count} images, every SHA-256 ok"
+    )
 
 
-def _tokenize_and_pack(st: _Stage, *, workdir: Path, text_dir: Path | None, hub_root: Path | None, seed: int):
+def _verify_text_snapshot(path: Path, manifest: Any) -> str:
+    """Every split the manifest lists loads offline with its row count and a ``messages`` column."""
+    import datasets
+
+    splits = dict(manifest["splits"])
+    for split, expected in splits.items():
+        rows = datasets.load_from_disk(str(path / split))
+        if len(rows) != expected or "messages" not in rows.column_names:
+            raise AssertionError(f"{path.name}/{split}: {len(rows)} rows, columns {rows.column_names}")
+    return f"verified {path.name}: splits {splits} load offline with a messages column"
+
+
+def _tokenize_and_pack(
+    st: _Stage,
+    *,
+    workdir: Path,
+    text_dir: Path | None,
+    hub_root: Path | None,
+    seed: int,
+    facts: dict[str, Any],
+) -> tuple[Any, Any, Any, int]:
     import datasets
 
     from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
-    from puzzletron.dataset.packing import build_batch, plan_packing
+    from puzzletron.dataset.packing import plan_packing
     from puzzletron.dataset.text import tokenize_conversations
     from puzzletron.fixtures.tokenizer import build_chat_tokenizer
 
@@ -229,7 +255,7 @@ def _tokenize_and_pack(st: _Stage, *, workdir: Path, text_dir: Path | None, hub_
         raise _Skip("no text source")
     tokenized = tokenize_conversations(rows, tokenizer=tok_dir, num_proc=1)
     samples = tokenized.samples
-    pack_size = 1024
+    pack_size = 4096
     spec = PuzzletronDataSpec("text", "packed_varlen", pack_size, PackingSpec(pack_size=pack_size))
     plan = plan_packing(samples.lengths, spec.packing, seed=seed, sample_ids=samples.sample_ids)
     st.lines.append(
@@ -241,12 +267,40 @@ def _tokenize_and_pack(st: _Stage, *, workdir: Path, text_dir: Path | None, hub_
         f"packed into {plan.num_rows} rows of {pack_size} (lower bound {plan.lower_bound_rows}), "
         f"efficiency {plan.efficiency:.2%}, dropped {len(plan.dropped)}"
     )
-    batch = build_batch(samples, plan.rows[:8], spec=spec, pad_token_id=tokenized.pad_token_id)
-    st.lines.append(f"first batch {tuple(batch.input_ids.shape)}: fingerprint {_fp(batch)}")
-    return batch
+    facts.update(
+        rows=plan.num_rows, bound=plan.lower_bound_rows, efficiency=plan.efficiency, tokens=plan.total_tokens
+    )
+    return samples, spec, plan, tokenized.pad_token_id
+
+
+def _deal(st: _Stage, packed: tuple[Any, Any, Any, int], *, seed: int, facts: dict[str, Any]) -> Any:
+    """Deal the plan's rows to 2 DP ranks for epoch 0, each pack once; return rank 0's first batch."""
+    from puzzletron.dataset.sampler import DistributedPackSampler, PackedBatches
+
+    samples, spec, plan, pad = packed
+    dataset = PackedBatches(samples, spec, plan, pad_token_id=pad)
+    dealt: list[int] = []
+    firsts = []
+    for rank in range(2):
+        sampler = DistributedPackSampler(len(dataset), batch_size=4, dp_rank=rank, dp_size=2, seed=seed)
+        keys = list(sampler)
+        dealt.extend(i for k in keys for i in k.items)
+        firsts.append(dataset[keys[0]])
+        padding = sum(k.is_padding for k in keys)
+        st.lines.append(
+            f"rank {rank}: {len(keys)} batches of 4 packs ({padding} padding), first {_fp(firsts[-1])}"
+        )
+    if sorted(dealt) != list(range(len(dataset))):
+        raise AssertionError("the sampler did not deal every pack exactly once")
+    st.lines.append(f"every one of {len(dataset)} packs dealt exactly once")
+    facts["fingerprints"] = [_fp(b) for b in firsts]
+    return firsts[0]
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    import datasets
+
+    datasets.disable_progress_bars()
     report = _Report()
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -284,9 +338,9 @@ def _run_demo(args: argparse.Namespace) -> int:
             from puzzletron.dataset.acquisition import TextAcquisitionSpec, materialize_puzzle_kd_dataset
 
             spec = TextAcquisitionSpec(output_dir=text_dir, train_samples=512, validation_samples=64)
-            st.lines.append(_manifest_line("puzzle-kd", materialize_puzzle_kd_dataset(spec)))
-            with contextlib.suppress(ImportError, NotImplementedError):
-                st.lines.append(_verify(text_dir))
+            manifest = materialize_puzzle_kd_dataset(spec)
+            st.lines.append(_manifest_line("puzzle-kd", manifest))
+            st.lines.append(_verify_text_snapshot(text_dir, manifest))
 
         with report.stage("materialise + verify Nemotron-VLM (images)") as st:
             if endpoint is None:
@@ -303,15 +357,23 @@ def _run_demo(args: argparse.Namespace) -> int:
                 raise _Skip("no Hub mirror")
             _intersyn(st, workdir=workdir, hub_root=hub_root)
 
-        batch = None
+        packed = None
+        facts: dict[str, Any] = {}
         with report.stage("tokenise (chat template) and pack the text split") as st:
-            batch = _tokenize_and_pack(
+            packed = _tokenize_and_pack(
                 st,
                 workdir=workdir,
                 text_dir=text_dir if text_dir.exists() else None,
                 hub_root=hub_root,
                 seed=args.seed,
+                facts=facts,
             )
+
+        batch = None
+        with report.stage("deal the packs to DP=2 ranks (sampler) and build batches") as st:
+            if packed is None:
+                raise _Skip("no packed text split")
+            batch = _deal(st, packed, seed=args.seed, facts=facts)
 
         with report.stage("shard a packed text batch over DP=2 x CP=2 x PP=2 and reassemble") as st:
             if batch is None:
@@ -319,6 +381,13 @@ def _run_demo(args: argparse.Namespace) -> int:
             st.lines.extend(check_sharding(batch, dp=2, cp=2, pp=2))
 
     total = time.perf_counter() - started
+    if facts:
+        print(
+            f"\ntext split: {facts['tokens']:,} tokens packed into {facts['rows']} rows "
+            f"(lower bound {facts['bound']}), efficiency {facts['efficiency']:.2%}"
+        )
+    if "fingerprints" in facts:
+        print("first batch per DP rank: " + "  ".join(facts["fingerprints"]))
     print("\nsummary")
     for s in report.stages:
         print(f"  {s.status:>4}  {s.seconds:7.2f} s  {s.name}")
@@ -355,18 +424,88 @@ def _git_head(repo: Path) -> str:
     ).stdout.strip()
 
 
-def _run_pack_report(args: argparse.Namespace) -> int:
-    from puzzletron.cli._pack_report import pack_report
+def _load_split(snapshot: Path, split: str) -> Any:
+    import datasets
 
-    return pack_report(
-        Path(args.snapshot),
-        tokenizer=Path(args.tokenizer),
-        pack_size=args.pack_size,
-        out=Path(args.out),
-        split=args.split,
-        seed=args.seed,
-        num_proc=args.num_proc,
+    if (snapshot / split).is_dir():
+        return datasets.load_from_disk(str(snapshot / split))
+    loaded = datasets.load_from_disk(str(snapshot))
+    return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+
+
+def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, max_rows: int = 120) -> None:
+    """Write a PNG: the first ``max_rows`` rows as bars split by sample, and the length histogram."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_rows = min(plan.num_rows, max_rows)
+    stop = int(plan.row_offsets[n_rows])
+    order = plan.sample_order[:stop]
+    widths = lengths[order]
+    counts = np.diff(plan.row_offsets[: n_rows + 1])
+    row_of = np.repeat(np.arange(n_rows), counts)
+    before = np.cumsum(widths) - widths
+    left = before - np.repeat(before[plan.row_offsets[:n_rows]], counts)  # start of each sample in its row
+    colours = plt.get_cmap("tab20")(np.arange(order.shape[0]) % 20)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 9), height_ratios=(3, 1.3))
+    top.barh(np.arange(n_rows), plan.pack_size, color="#eeeeee", height=0.9)  # slots (padding shows grey)
+    top.barh(row_of, widths, left=left, color=colours, height=0.9, edgecolor="white", linewidth=0.3)
+    top.set_xlim(0, plan.pack_size)
+    top.set_ylim(n_rows - 0.5, -0.5)
+    top.set_xlabel("tokens")
+    top.set_ylabel("row")
+    top.set_title(
+        f"{plan.num_rows} rows of {plan.pack_size} (lower bound {plan.lower_bound_rows}), "
+        f"efficiency {plan.efficiency:.2%}; first {n_rows} rows shown, one colour per sample"
     )
+    bottom.hist(lengths, bins=60, color="#4c72b0")
+    bottom.axvline(plan.pack_size, color="#c44e52", linestyle="--", label=f"pack_size {plan.pack_size}")
+    bottom.set_xlabel("sample length (tokens)")
+    bottom.set_ylabel("samples")
+    bottom.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def _run_pack_report(args: argparse.Namespace) -> int:
+    import datasets
+
+    from puzzletron.dataset.config import PackingSpec
+    from puzzletron.dataset.packing import plan_packing
+    from puzzletron.dataset.text import tokenize_conversations
+
+    datasets.disable_progress_bars()
+    start = time.perf_counter()
+    rows = _load_split(Path(args.snapshot), args.split)
+    tokenized = tokenize_conversations(rows, tokenizer=Path(args.tokenizer), num_proc=args.num_proc)
+    tokenize_s = time.perf_counter() - start
+    lengths = tokenized.samples.lengths
+    start = time.perf_counter()
+    plan = plan_packing(lengths, PackingSpec(pack_size=args.pack_size), seed=args.seed)
+    plan_s = time.perf_counter() - start
+    draw_packing(plan, lengths, Path(args.out))
+    summary = plan.summary()
+    print(f"snapshot        {args.snapshot} [{args.split}]: {len(rows)} rows")
+    print(
+        f"tokenised       {len(tokenized.samples)} samples, skipped {tokenized.skipped} (no supervised token)"
+    )
+    if lengths.size:
+        q = np.percentile(lengths, [50, 90, 99]).round().astype(int).tolist()
+        print(
+            f"lengths         min {lengths.min()}  median {q[0]}  p90 {q[1]}  p99 {q[2]}  max {lengths.max()}"
+        )
+    print(f"pack_size       {plan.pack_size}")
+    print(f"rows            {summary['rows']} (lower bound {summary['lower_bound_rows']})")
+    print(f"efficiency      {plan.efficiency:.4%}  (non-pad tokens / slots)")
+    dropped, dropped_tokens = summary["dropped"], summary["dropped_tokens"]
+    print(f"dropped         {dropped} samples longer than pack_size ({dropped_tokens} tokens)")
+    print(f"time            tokenise {tokenize_s:.2f} s, plan {plan_s * 1000:.1f} ms")
+    print(f"picture         {args.out}")
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -377,7 +516,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.set_defaults(handler=_run_demo)
 
     report = sub.add_parser("pack-report", help="plan the packing of a text snapshot and draw it to a PNG")
-    report.add_argument("snapshot", help="a Puzzle-KD snapshot (save_to_disk folder with train/validation)")
+    report.add_argument("snapshot", type=Path, help="a Puzzle-KD snapshot (save_to_disk folder with splits)")
     report.add_argument(
         "--tokenizer", required=True, help="a transformers tokenizer folder with a chat template"
     )
