@@ -1,0 +1,130 @@
+"""Load-balanced CP indices (contract 3.5): Transformer Engine golden, virtual padding, and the exact
+inverse of `cp_partition` over random batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from _batch_strategies import batches, revalidated
+from puzzletron.dataset import DataLayout, PackedSequenceMetadata, PuzzletronBatch
+from puzzletron.dataset.errors import BatchValidationError
+from puzzletron.dataset.parallel import (
+    batch_cp_indices,
+    gather_cp_partitions,
+    inverse_cp_permutation,
+    load_balanced_cp_indices,
+)
+
+
+def test_transformer_engine_golden() -> None:
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    assert load_balanced_cp_indices(cu, cp_rank=0, cp_size=2).tolist() == [0, 1, 6, 7, 8, 9, 14, 15]
+    assert load_balanced_cp_indices(cu, cp_rank=1, cp_size=2).tolist() == [2, 3, 4, 5, 10, 11, 12, 13]
+
+
+def test_four_ranks_take_head_and_tail_chunks() -> None:
+    cu = torch.tensor([0, 16])
+    got = [load_balanced_cp_indices(cu, cp_rank=r, cp_size=4).tolist() for r in range(4)]
+    assert got == [[0, 1, 14, 15], [2, 3, 12, 13], [4, 5, 10, 11], [6, 7, 8, 9]]
+
+
+def test_plain_row_is_one_document() -> None:
+    assert load_balanced_cp_indices(None, cp_rank=0, cp_size=2, sequence_length=8).tolist() == [0, 1, 6, 7]
+    with pytest.raises(BatchValidationError, match="sequence_length is required"):
+        load_balanced_cp_indices(None, cp_rank=0, cp_size=2)
+
+
+def test_uneven_documents_are_virtually_padded_and_only_real_indices_returned() -> None:
+    cu = torch.tensor([0, 3])  # chunks of ceil(3/4)=1: owners 0, 1, 1, (virtual 0)
+    assert load_balanced_cp_indices(cu, cp_rank=0, cp_size=2).tolist() == [0]
+    assert load_balanced_cp_indices(cu, cp_rank=1, cp_size=2).tolist() == [1, 2]
+    with pytest.raises(BatchValidationError, match="multiple of 2\\*cp_size=4"):
+        load_balanced_cp_indices(cu, cp_rank=0, cp_size=2, require_divisible=True)
+
+
+def test_trailing_padding_is_one_more_segment() -> None:
+    cu = torch.tensor([0, 4])
+    assert load_balanced_cp_indices(cu, cp_rank=0, cp_size=2, sequence_length=8).tolist() == [0, 3, 4, 7]
+    assert load_balanced_cp_indices(cu, cp_rank=1, cp_size=2, sequence_length=8).tolist() == [1, 2, 5, 6]
+    with pytest.raises(BatchValidationError, match="shorter than cu_seqlens"):
+        load_balanced_cp_indices(cu, cp_rank=0, cp_size=2, sequence_length=3)
+
+
+@pytest.mark.parametrize(
+    ("cu", "kwargs", "message"),
+    [
+        (torch.tensor([1, 4]), {"cp_rank": 0, "cp_size": 2}, "start at 0"),
+        (torch.tensor([0, 4, 4]), {"cp_rank": 0, "cp_size": 2}, "strictly increasing"),
+        (torch.tensor([0, 4]), {"cp_rank": 2, "cp_size": 2}, "cp_rank must be < cp_size"),
+        (torch.tensor([0, 4]), {"cp_rank": 0, "cp_size": 0}, "cp_size must be an int >= 1"),
+    ],
+)
+def test_index_helper_validates_its_inputs(cu: torch.Tensor, kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(BatchValidationError, match=message):
+        load_balanced_cp_indices(cu, **kwargs)
+
+
+def test_batch_indices_treat_padding_runs_as_segments() -> None:
+    seq_ids = torch.tensor([[0, 0, -1, -1, 1, 1, 1, 1]])
+    b = PuzzletronBatch(
+        {"input_ids": torch.arange(8).reshape(1, 8)},
+        hidden_mask=seq_ids >= 0,
+        sequence=PackedSequenceMetadata(global_cu_seqlens=torch.tensor([0, 2, 6]), seq_ids=seq_ids),
+        layout="packed_varlen",
+    )
+    assert batch_cp_indices(b, cp_rank=0, cp_size=2).tolist() == [0, 2, 4, 7]
+    assert batch_cp_indices(b, cp_rank=1, cp_size=2).tolist() == [1, 3, 5, 6]
+
+
+def test_inverse_permutation_golden_and_errors() -> None:
+    inv = inverse_cp_permutation([torch.tensor([0, 3]), torch.tensor([1, 2])])
+    assert inv.tolist() == [0, 2, 3, 1]
+    local = torch.tensor([10, 13, 11, 12])  # rank 0 then rank 1
+    assert local[inv].tolist() == [10, 11, 12, 13]
+    with pytest.raises(BatchValidationError, match="disjoint"):
+        inverse_cp_permutation([torch.tensor([0, 1]), torch.tensor([1, 1])])
+    with pytest.raises(BatchValidationError, match="cover exactly"):
+        inverse_cp_permutation([torch.tensor([0, 5])])
+
+
+def test_gather_checks_rank_order() -> None:
+    b = PuzzletronBatch({"input_ids": torch.arange(8).reshape(1, 8)})
+    idx = [batch_cp_indices(b, cp_rank=r, cp_size=2) for r in range(2)]
+    parts = [b.cp_partition(i, cp_rank=r, cp_size=2) for r, i in enumerate(idx)]
+    assert gather_cp_partitions(parts, idx) == b
+    with pytest.raises(BatchValidationError, match="partitions\\[0\\] is CP rank 1 of 2"):
+        gather_cp_partitions(parts[::-1], idx[::-1])
+    with pytest.raises(BatchValidationError, match="one partition per index vector"):
+        gather_cp_partitions(parts, idx[:1])
+
+
+@settings(max_examples=50, deadline=None)
+@given(batches(), st.integers(1, 3))
+def test_cp_partition_of_every_rank_gathers_back_to_the_batch(b: PuzzletronBatch, cp_size: int) -> None:
+    indices = [batch_cp_indices(b, cp_rank=r, cp_size=cp_size) for r in range(cp_size)]
+    parts = [b.cp_partition(idx, cp_rank=r, cp_size=cp_size) for r, idx in enumerate(indices)]
+    assert sum(int(i.numel()) for i in indices) == b.sequence_length
+    for idx, part in zip(indices, parts, strict=True):
+        assert torch.equal(part.input_ids, b.input_ids[:, idx])
+        assert torch.equal(part.labels, b.labels[:, idx])
+        assert torch.equal(part.hidden_mask, b.hidden_mask[:, idx])
+        if "inputs_embeds" in b.model_kwargs:
+            assert torch.equal(part.model_kwargs["inputs_embeds"], b.model_kwargs["inputs_embeds"][:, idx])
+        if b.layout is DataLayout.PACKED_VARLEN and cp_size > 1:
+            local = part.sequence.local_cu_seqlens
+            # Local cu: per-sample counts of the rank's tokens, in sample order, zero counts dropped.
+            ids = b.sequence.seq_ids[:, idx]
+            want = [int((ids == s).sum()) for s in range(b.sequence.global_cu_seqlens.numel() - 1)]
+            want = [c for c in want if c]
+            assert local.diff().tolist() == want
+            assert int(local[-1]) == int(part.hidden_mask.sum())
+            assert part.sequence.max_seqlen == max(want, default=0)
+            assert torch.equal(part.model_kwargs["cu_seqlens"], local)
+        if cp_size > 1:
+            revalidated(part)
+    gathered = gather_cp_partitions(parts, indices)
+    assert gathered == b  # fingerprint equality: every tensor, mask, label and metadata field
+    assert torch.equal(gathered.input_ids, b.input_ids)
