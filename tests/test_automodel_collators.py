@@ -29,6 +29,7 @@ from nemo_automodel.components.datasets.utils import (
 from nemo_automodel.components.datasets.vlm.collate_fns import (
     default_collate_fn,
     neat_packed_vlm_collater,
+    packed_sequence_thd_vlm_collater,
     pad_collate_fn,
     qwen2_5_collate_fn,
 )
@@ -428,6 +429,20 @@ def test_vlm_neat_packing_with_mrope(
         _check_cp_keeps_media(batch)
         local = batch.cp_partition(torch.arange(0, batch.sequence_length, 2), cp_rank=0, cp_size=2)
         assert torch.equal(local.model_kwargs["position_ids"][:, :rows], collated["position_ids"][:, :, ::2])
+
+
+def test_vlm_thd_packing(vlm_packs: Any, vlm_dataset: Any) -> None:
+    packs, items = vlm_packs
+    collated = packed_sequence_thd_vlm_collater(copy.deepcopy(items))
+    assert collated["qkv_format"] == "thd"
+    seq_lens = collated["seq_lens"]
+    counts = [sum(vlm_dataset[i]["image_count"] for i in bin_) for bin_ in packs.bins]
+    batch = _convert(dict(collated), PACKED)
+    _check_media(batch, counts)
+    assert batch.sequence.global_cu_seqlens.diff().tolist() == seq_lens[seq_lens >= 0].tolist()
+    assert int(batch.hidden_mask.sum()) == int(seq_lens.clamp(min=0).sum())
+    assert torch.equal(batch.labels, collated["labels"])
+    assert batch.model_kwargs["position_ids"].dim() == 3
 
 
 # --- AutoModel's own YAML loader and VLM dataloader config ---------------------------------------------
