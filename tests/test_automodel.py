@@ -113,6 +113,13 @@ def test_one_dimensional_inputs_are_one_row_views() -> None:
     assert batch.labels.data_ptr() == labels.data_ptr()
 
 
+def test_one_row_of_mrope_positions_gets_a_batch_axis() -> None:
+    positions = torch.arange(12).reshape(3, 4)
+    batch = _convert({"input_ids": torch.arange(4), "position_ids": positions}, layout="fixed", ids=["only"])
+    assert tuple(batch.model_kwargs["position_ids"].shape) == (3, 1, 4)
+    assert batch.model_kwargs["position_ids"].data_ptr() == positions.data_ptr()
+
+
 def test_no_attention_mask_is_invented_and_other_keys_pass_through() -> None:
     collated = {
         "input_ids": torch.arange(6)[None],

@@ -383,6 +383,9 @@ def batch_from_automodel(
     rows = {
         key: _as_rows(value, length) if key in _SEQUENCE_KEYS else value for key, value in collated.items()
     }
+    positions = rows.get("position_ids")
+    if input_ids.dim() == 1 and isinstance(positions, torch.Tensor) and positions.dim() == 2:
+        rows["position_ids"] = positions.unsqueeze(1)  # one row of mRoPE positions: [R, T] -> [R, 1, T]
     input_ids = rows["input_ids"]
     shape = (int(input_ids.shape[0]), length)
 
