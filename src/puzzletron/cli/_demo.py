@@ -433,7 +433,7 @@ def _load_split(snapshot: Path, split: str) -> Any:
     return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
 
 
-def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, max_rows: int = 120) -> None:
+def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, max_rows: int = 40) -> None:
     """Write a PNG: the first ``max_rows`` rows as bars split by sample, and the length histogram."""
     import matplotlib
 
@@ -450,8 +450,8 @@ def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, max_rows: int = 1
     left = before - np.repeat(before[plan.row_offsets[:n_rows]], counts)  # start of each sample in its row
     colours = plt.get_cmap("tab20")(np.arange(order.shape[0]) % 20)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 9), height_ratios=(3, 1.3))
-    top.barh(np.arange(n_rows), plan.pack_size, color="#eeeeee", height=0.9)  # slots (padding shows grey)
-    top.barh(row_of, widths, left=left, color=colours, height=0.9, edgecolor="white", linewidth=0.3)
+    top.barh(np.arange(n_rows), plan.pack_size, color="#dddddd", height=0.8)  # slots (padding shows grey)
+    top.barh(row_of, widths, left=left, color=colours, height=0.8, edgecolor="black", linewidth=0.4)
     top.set_xlim(0, plan.pack_size)
     top.set_ylim(n_rows - 0.5, -0.5)
     top.set_xlabel("tokens")
