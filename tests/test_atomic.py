@@ -97,3 +97,15 @@ def test_fsync_tree_accepts_files_dirs_and_symlinks(tmp_path):
     (tmp_path / "link").symlink_to("/nonexistent")
     fsync_tree(tmp_path)
     fsync_tree(tmp_path / "d" / "f")
+
+
+def test_sweep_leaves_a_similarly_named_destination_alone(tmp_path):
+    dest, other = tmp_path / "a", tmp_path / "a.txn-1"  # other's lock and txn names start with ".a.txn-"
+    stale = tmp_path / f"{txn_prefix(dest)}123-{'0' * 16}"
+    stale.mkdir()
+    with locked(other), staging_dir(other) as tmp:
+        (tmp / "f").write_text("other")
+        with locked(dest):
+            assert tmp.is_dir() and (tmp_path / ".a.txn-1.lock").exists()
+        assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txn-1"]

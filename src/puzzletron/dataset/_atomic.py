@@ -21,6 +21,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import secrets
 import shutil
 import threading
@@ -84,9 +85,10 @@ def sweep_stale(destination: Path) -> list[Path]:
     removed = []
     if not destination.parent.is_dir():
         return removed
-    prefix = txn_prefix(destination)
+    # Exactly our names: the prefix alone would also match another destination called "<name>.txn-...".
+    pattern = re.compile(re.escape(txn_prefix(destination)) + r"\d+-[0-9a-f]{16}")
     for entry in sorted(destination.parent.iterdir()):
-        if entry.name.startswith(prefix):
+        if pattern.fullmatch(entry.name):
             logger.info("removing stale transaction directory %s", entry)
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)

@@ -141,14 +141,16 @@ def _write_subset(
         for index, sample in enumerate(samples):
             label = _label(index, sample)
             validate_conversation(sample, where=label)
-            stored = copy.deepcopy({k: v for k, v in sample.items() if k != "conversation"})
+            stored = copy.deepcopy({key: v for key, v in sample.items() if key != "conversation"})
             conversation = []
             k = 0
-            for turn in sample["conversation"]:
+            for t, turn in enumerate(sample["conversation"]):
                 content = []
-                for item in turn["content"]:
+                for c, item in enumerate(turn["content"]):
                     if item.get("type") == "image":
-                        encoded = encode_image(item["image"], where=f"{label} image {k}")
+                        encoded = encode_image(
+                            item["image"], where=f"{label} image {k} (conversation[{t}].content[{c}].image)"
+                        )
                         rel = f"{IMAGES}/{index:06d}_{k:02d}{encoded.extension}"
                         with open(tmp / rel, "xb") as fh:
                             fh.write(encoded.data)
