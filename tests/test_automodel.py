@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from puzzletron.dataset import DataLayout, Modality, batch_from_automodel
 from puzzletron.dataset.errors import BatchValidationError
@@ -355,3 +357,70 @@ def test_sample_ids_and_source_metadata_are_kept() -> None:
     batch = _convert({"input_ids": torch.zeros(1, 2, dtype=torch.long)}, layout="fixed", ids=["row-a"])
     assert batch.sample_ids == ("row-a",)
     assert batch.source_metadata == {"rev": "x"}
+
+
+# --- every form of one packing agrees (property) ---------------------------------------------------------
+
+
+@st.composite
+def _packs(draw: st.DrawFn) -> tuple[list[list[int]], int]:
+    rows = draw(st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=4), min_size=1, max_size=3))
+    length = max(sum(r) for r in rows) + draw(st.integers(0, 3))
+    return rows, length
+
+
+def _forms(rows: list[list[int]], length: int) -> dict[str, dict]:
+    """The same packing written in every form AutoModel emits (built here from the lengths)."""
+    batch = len(rows)
+    ids = torch.zeros(batch, length, dtype=torch.long)
+    block = torch.zeros(batch, 1, length, length, dtype=torch.bool)
+    seq_lens = torch.full((batch, max(len(r) for r in rows)), -1000)
+    padded = seq_lens.clone()
+    row_cu = torch.full((batch, max(len(r) for r in rows) + 1), -1, dtype=torch.int32)
+    flash = [0]
+    for b, lengths in enumerate(rows):
+        start = 0
+        row_cu[b, 0] = 0
+        for d, n in enumerate(lengths):
+            ids[b, start : start + n] = d + 1
+            block[b, 0, start : start + n, start : start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            seq_lens[b, d] = padded[b, d] = n
+            row_cu[b, d + 1] = start + n
+            flash.append(b * length + start + n)
+            start += n
+        padded[b, len(lengths) - 1] += length - start
+        if start < length:
+            flash.append((b + 1) * length)
+    base = {"input_ids": torch.zeros(batch, length, dtype=torch.long)}
+    forms = {
+        "_packed_seq_ids": {**base, "_packed_seq_ids": ids},
+        "block_causal": {**base, "attention_mask": block},
+        "document_ids": {**base, "attention_mask": ids},
+        "thd": {**base, "seq_lens": seq_lens, "seq_lens_padded": padded, "qkv_format": "thd"},
+        "row_cu": {
+            **base,
+            "cu_seqlens": row_cu,
+            "packed_token_indices": torch.arange(length).expand(batch, length).masked_fill(ids == 0, -1),
+        },
+    }
+    if all(len(r) == 1 for r in rows):  # AutoModel omits _packed_seq_ids only then
+        forms["flash"] = {**base, "cu_seq_lens_q": torch.tensor(flash, dtype=torch.int32)}
+    return forms
+
+
+@settings(max_examples=60, deadline=None)
+@given(_packs())
+def test_every_packed_form_gives_the_same_samples(pack: tuple[list[list[int]], int]) -> None:
+    rows, length = pack
+    lengths = [n for r in rows for n in r]
+    expected_cu = [0]
+    for n in lengths:
+        expected_cu.append(expected_cu[-1] + n)
+    reference = None
+    for name, collated in _forms(rows, length).items():
+        batch = _convert(collated)
+        assert batch.sequence.global_cu_seqlens.tolist() == expected_cu, name
+        assert batch.sequence.max_seqlen == max(lengths), name
+        if reference is None:
+            reference = batch.sequence.seq_ids
+        assert torch.equal(batch.sequence.seq_ids, reference), name
