@@ -109,3 +109,13 @@ def test_sweep_leaves_a_similarly_named_destination_alone(tmp_path):
             assert tmp.is_dir() and (tmp_path / ".a.txn-1.lock").exists()
         assert not stale.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txn-1"]
+
+
+def test_locked_is_reentrant_within_a_thread(tmp_path):
+    dest = tmp_path / "dest"
+    with locked(dest):
+        with locked(dest):  # would deadlock on flock without re-entrancy
+            pass
+        with staging_dir(dest) as tmp:  # still held after the nested exit
+            (tmp / "f").write_text("1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]

@@ -476,3 +476,12 @@ def test_read_manifest_refuses_incomplete_subsets(tmp_path):
     (tmp_path / "half").mkdir()
     with pytest.raises(SubsetError, match="the manifest is missing"):
         read_manifest(tmp_path / "half")
+
+
+def test_materialize_inside_a_callers_lock_of_the_same_destination(tmp_path):
+    from puzzletron.dataset._atomic import locked
+
+    dest = tmp_path / "subset"
+    with locked(dest):
+        manifest = materialize_normalized_conversation_samples(iter(single_samples(1)), dest)
+    assert manifest["sample_count"] == 1 and _siblings(dest) == ["subset"]

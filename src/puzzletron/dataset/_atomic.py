@@ -106,9 +106,13 @@ def locked(destination: Path) -> Iterator[None]:
 
     The lock is `flock` on `<parent>/.<name>.lock`. The lock file is removed on release; a waiter that
     acquired a lock file already unlinked by the previous holder notices (inode changed) and retries, so
-    removal never lets two holders in at once.
+    removal never lets two holders in at once. Re-entrant within a thread: a nested `locked` of a
+    destination the thread already holds (e.g. a caller holding it around `materialize_...`) just yields.
     """
     destination = Path(destination)
+    if _holds(destination):
+        yield
+        return
     destination.parent.mkdir(parents=True, exist_ok=True)
     lock_path = _lock_path(destination)
     while True:
