@@ -35,7 +35,7 @@ from puzzletron.dataset._segments import (
 from puzzletron.dataset.batch import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch
 from puzzletron.dataset.errors import BatchValidationError
 
-__all__ = ["batch_from_automodel", "forward_kwargs"]
+__all__ = ["DocumentMap", "batch_from_automodel", "document_map", "forward_kwargs"]
 
 IGNORE_INDEX = -100
 THD_SENTINEL = -1000
