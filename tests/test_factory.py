@@ -8,6 +8,8 @@ from collections.abc import Sized
 import pytest
 import yaml
 from hydra.utils import instantiate
+from hypothesis import given
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
@@ -114,3 +116,17 @@ def test_bad_control_types_are_rejected(subset):
         load_materialized_conversation_dataset(subset, max_length="long")
     with pytest.raises(ValueError, match="truncate"):
         load_materialized_conversation_dataset(subset, truncate="yes")
+
+
+@given(st.lists(st.integers(0, 4), max_size=60))
+def test_round_robin_is_a_permutation_that_keeps_each_group_order(groups):
+    order = round_robin_order(groups)
+    assert sorted(order) == list(range(len(groups)))
+    for g in set(groups):
+        assert [i for i in order if groups[i] == g] == [i for i, x in enumerate(groups) if x == g]
+    # Each prefix takes from every group as evenly as the groups allow (counts differ by at most one
+    # among groups that still have samples left).
+    for n in range(len(order) + 1):
+        taken = {g: sum(groups[i] == g for i in order[:n]) for g in set(groups)}
+        left = {g for g in taken if taken[g] < groups.count(g)}
+        assert all(taken[g] >= max(taken.values()) - 1 for g in left)

@@ -485,3 +485,18 @@ def test_materialize_inside_a_callers_lock_of_the_same_destination(tmp_path):
     with locked(dest):
         manifest = materialize_normalized_conversation_samples(iter(single_samples(1)), dest)
     assert manifest["sample_count"] == 1 and _siblings(dest) == ["subset"]
+
+
+def test_loading_never_touches_the_network(tmp_path, monkeypatch):
+    import socket
+
+    dest = tmp_path / "subset"
+    materialize_normalized_conversation_samples(iter(single_samples(2)), dest)
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the loader opened a socket")
+
+    monkeypatch.setattr(socket, "socket", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    assert len(load_materialized_conversation_subset(dest)) == 2
+    assert SubsetReader(dest)[1]["source"]["row_id"] == "s1"
