@@ -968,10 +968,11 @@ def _dp_slice_packed_row(b: PuzzletronBatch, dp_rank: int, dp_size: int) -> Puzz
     first = dp_rank * base + min(dp_rank, extra)
     last = first + base + (dp_rank < extra)  # samples [first, last)
     seq_ids = _packed_seq_ids(b, "dp_slice")
-    starts = _segments.first_token_positions(seq_ids, n)
-    ends = _segments.first_token_positions(seq_ids.flip(1), n)  # distance of the last token from the end
-    tok0 = int(starts[first])
-    tok1 = b.sequence_length - int(ends[last - 1])
+    # Canonical ids are numbered in token order, so samples [first, last) occupy one span of the row: from
+    # the first token of `first` to the last token of `last - 1` (padding before or after it is dropped).
+    row = seq_ids[0]
+    positions = torch.nonzero((row >= first) & (row < last)).reshape(-1)
+    tok0, tok1 = int(positions[0]), int(positions[-1]) + 1
     span = tok1 - tok0
     sliced: dict[_Path, torch.Tensor] = {}
     for path, (t, dim) in _sequence_axis_tensors(b).items():
