@@ -667,7 +667,11 @@ def verify_subset(path: str | Path) -> VerifyReport:
     ]
     if listed != sources:
         problems.append(f"{root / MANIFEST}: sources {listed} differ from the samples' sources {sources}")
-    for key, record in sorted(records.items(), key=lambda kv: str(kv[0])):
+
+    def order(kv: tuple[Any, Any]) -> tuple[int, int]:
+        return tuple(x if isinstance(x, int) else -1 for x in kv[0])
+
+    for key, record in sorted(records.items(), key=order):
         if key not in used:
             problems.append(f"{root / MANIFEST}: image {record.get('path')!r} is used by no sample")
         _verify_file(root, record, f"image of sample {key[0]} (row {record.get('row_id')!r})", problems)
