@@ -37,6 +37,7 @@ from puzzletron.dataset.errors import SubsetError
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "MANIFEST",
     "SubsetReader",
     "VerifyReport",
     "describe_subset",
