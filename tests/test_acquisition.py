@@ -560,3 +560,26 @@ def test_mirror_dropping_mid_download_fails_cleanly_and_a_rerun_succeeds(
         manifest = materialize_puzzle_kd_dataset(spec)
     assert manifest["splits"] == {"train": 30, "validation": 30}
     assert datasets.load_from_disk(str(out))["validation"].num_rows == 30
+
+
+def test_nemotron_streams_each_sample_to_disk_before_pulling_the_next_row(
+    hub_endpoint: str, tmp_path: Path
+) -> None:
+    """The real Hub reader, spied on: when row p is requested, the p - 1 accepted rows' images are on disk."""
+    from puzzletron.dataset.acquisition import hub_vlm_rows
+
+    out = tmp_path / "stream"
+    seen: list[int] = []
+
+    def spy(subset: str, **kwargs: Any):
+        for row in hub_vlm_rows(subset, **kwargs):
+            txn = [p for p in tmp_path.iterdir() if p.name.startswith(".stream.txn-")]
+            on_disk = len(list((txn[0] / "images").iterdir())) if txn else 0
+            seen.append(on_disk)
+            yield row
+
+    manifest = materialize_nemotron_vlm_dataset(
+        VlmAcquisitionSpec(output_dir=out, num_samples=9), sample_loader=spy
+    )
+    assert manifest["diagnostics"]["rejected_rows"] == []
+    assert seen == list(range(9))
