@@ -124,3 +124,13 @@ def test_puzzle_kd_rows_label_only_assistant_content(tokenizer_dir: Path, puzzle
             m["content"] + "<|im_end|>" for m in by_id[sid]["messages"] if m["role"] == "assistant"
         )
         assert tok.decode(labels[labels != -100].tolist()) == expected
+
+
+def test_tokenising_a_snapshot_never_writes_into_it(tokenizer_dir: Path, puzzle_kd_rows, tmp_path: Path):
+    snapshot = tmp_path / "train"
+    puzzle_kd_rows.select(range(40)).save_to_disk(str(snapshot))
+    before = sorted((p.relative_to(snapshot), p.stat().st_size) for p in snapshot.rglob("*"))
+    rows = datasets.load_from_disk(str(snapshot))
+    result = tokenize_conversations(rows, tokenizer=tokenizer_dir, num_proc=2, batch_size=8)
+    assert len(result.samples) + result.skipped == 40
+    assert sorted((p.relative_to(snapshot), p.stat().st_size) for p in snapshot.rglob("*")) == before
