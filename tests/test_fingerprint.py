@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from _batch_strategies import batches, revalidated
 from puzzletron.dataset import DataLayout, PackedSequenceMetadata, PuzzletronBatch
 from puzzletron.dataset._fingerprint import fingerprint_of
 
@@ -175,3 +178,20 @@ def test_one_ce_mask_bit_changes_the_fingerprint() -> None:
     flipped[0, 2] = False
     assert _batch(ce_mask=mask).fingerprint != _batch(ce_mask=flipped).fingerprint
     assert _batch(ce_mask=mask).fingerprint == _batch(ce_mask=mask.clone()).fingerprint
+
+
+@settings(max_examples=30, deadline=None)
+@given(batches(), st.data())
+def test_random_batches_fingerprint_by_content(b: PuzzletronBatch, data: st.DataObject) -> None:
+    assert revalidated(b).fingerprint == b.fingerprint  # equal content, fresh object
+    row = data.draw(st.integers(0, b.batch_size - 1))
+    col = data.draw(st.integers(0, b.sequence_length - 1))
+    ids = b.input_ids.clone()
+    ids[row, col] += 1
+    assert b.replace_model_kwargs(input_ids=ids).fingerprint != b.fingerprint
+    ce = b.ce_mask.clone()
+    if bool(b.hidden_mask[row, col]):
+        ce[row, col] = ~ce[row, col]
+        assert dataclasses.replace(b, ce_mask=ce).fingerprint != b.fingerprint
+    meta = {**b.source_metadata, "revision": "r2"}
+    assert dataclasses.replace(b, source_metadata=meta).fingerprint != b.fingerprint

@@ -3,6 +3,7 @@ slow per-token reference."""
 
 from __future__ import annotations
 
+import doctest
 import itertools
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from puzzletron.dataset import _segments, parallel
 from puzzletron.dataset._segments import (
     canonical_packed_ids,
     counts_per_sample,
@@ -150,3 +152,10 @@ def test_canonical_ids_match_a_per_token_reference(rows: list[list[int]]) -> Non
     assert r.seq_ids.tolist() == want_ids
     assert r.cu_seqlens.tolist() == want_cu
     assert r.max_seqlen == max((b - a for a, b in itertools.pairwise(want_cu)), default=0)
+
+
+@pytest.mark.parametrize("module", [_segments, parallel], ids=lambda m: m.__name__)
+def test_docstring_examples_run(module: object) -> None:
+    result = doctest.testmod(module)  # type: ignore[arg-type]
+    assert result.attempted > 0
+    assert result.failed == 0
