@@ -32,7 +32,7 @@ from puzzletron.fixtures.hub import (
     commit_files,
     repo_path,
 )
-from puzzletron.fixtures.mirror import serve_hub
+from puzzletron.fixtures.mirror import free_port, serve_hub
 
 VLM_SUBSETS = ("sparsetables", "plotqa_cot", "wiki_en")
 
@@ -423,7 +423,7 @@ def test_nemotron_honours_spec_source(fixture_hub: FixtureHub, hub_endpoint: str
     )
 
 
-def test_nemotron_weights_and_reuse(hub_endpoint: str, tmp_path: Path) -> None:
+def test_nemotron_weights_and_reuse(hub_endpoint: str, tmp_path: Path, monkeypatch) -> None:
     out = tmp_path / "w"
     spec = VlmAcquisitionSpec(
         output_dir=out,
@@ -434,6 +434,7 @@ def test_nemotron_weights_and_reuse(hub_endpoint: str, tmp_path: Path) -> None:
     manifest = materialize_nemotron_vlm_dataset(spec)
     assert manifest["diagnostics"]["requested_quotas"] == {"sparsetables": 2, "plotqa_cot": 5}
     assert manifest["diagnostics"]["materialized_rows"] == {"sparsetables": 2, "plotqa_cot": 5}
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # no mirror: reuse needs none
     assert materialize_nemotron_vlm_dataset(spec) == manifest
     with pytest.raises(ValueError, match="does not match requested acquisition"):
         materialize_nemotron_vlm_dataset(
@@ -498,6 +499,17 @@ def test_intersyn_reuse_and_other_rows_per_source(intersyn, tmp_path: Path) -> N
     with pytest.raises(AcquisitionError, match=r"only 17/18 valid rows"):
         materialize_intersyn_subset(tmp_path / "big", rows_per_source=18, **pins)
     assert not (tmp_path / "big").exists()
+    again = materialize_intersyn_subset(tmp_path / "again", **pins)  # same request, another directory
+    assert again == manifest
+    assert _tree_digest(tmp_path / "again") == _tree_digest(out)
+
+
+def test_puzzle_kd_reuse_checks_the_split_files_are_there(hub_endpoint: str, tmp_path: Path) -> None:
+    spec = TextAcquisitionSpec(output_dir=tmp_path / "s", train_samples=5, validation_samples=5)
+    materialize_puzzle_kd_dataset(spec)
+    next((tmp_path / "s" / "validation").glob("*.arrow")).unlink()
+    with pytest.raises(ValueError, match="incomplete Puzzle-KD snapshot"):
+        materialize_puzzle_kd_dataset(spec)
 
 
 # ---------------------------------------------------------------------------------------------- faults

@@ -335,6 +335,21 @@ def _loader_table(
     return pa.Table.from_pylist(rows)
 
 
+def _check_complete_puzzle_kd(out: Path, manifest: Mapping[str, Any]) -> None:
+    """Raise unless every split the manifest lists is on disk with its data files."""
+    for split in manifest.get("splits") or {}:
+        state = out / split / "state.json"
+        try:
+            files = [f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"{out}: incomplete Puzzle-KD snapshot: {state} is missing or unreadable ({exc})"
+            ) from exc
+        missing = [f for f in files if not (out / split / f).is_file()]
+        if missing:
+            raise ValueError(f"{out}: incomplete Puzzle-KD snapshot: split {split!r} lacks {missing}")
+
+
 def _fingerprint(identity: Mapping[str, Any], split: str) -> str:
     blob = json.dumps({"identity": identity, "split": split}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
@@ -358,6 +373,7 @@ def materialize_puzzle_kd_dataset(
     manifest_path = out / MANIFEST_NAME
     if manifest_path.is_file():
         manifest = _read_json(manifest_path)
+        _check_complete_puzzle_kd(out, manifest)
         _check_reusable(
             manifest.get("acquisition", {}), spec, lambda r: spec.identity(revision=r), revision_resolver, out
         )
