@@ -27,7 +27,7 @@ from typing import Any
 
 __all__ = ["register"]
 
-_ACQ_LOGGER = "puzzletron.dataset.acquisition"
+_PROGRESS_LOGGER = "puzzletron.dataset.acquisition.progress"
 
 
 class _ProgressHandler(logging.Handler):
@@ -67,12 +67,13 @@ def _run(args: argparse.Namespace, adapter: str, manifest_name: str, call: Calla
     existed = output.is_dir() and any(output.iterdir())
     show = _show_progress(args)
     _hub.set_progress_bars(show)
-    logger = logging.getLogger(_ACQ_LOGGER)
+    logger = logging.getLogger(_PROGRESS_LOGGER)
     handler = _ProgressHandler() if show else None
-    old_level = logger.level
+    old_level, old_propagate = logger.level, logger.propagate
     if handler is not None:
         logger.addHandler(handler)
         logger.setLevel(logging.DEBUG)
+        logger.propagate = False  # progress records feed the bars only, never the log
     try:
         call()
     except ConfigError as exc:
@@ -85,6 +86,7 @@ def _run(args: argparse.Namespace, adapter: str, manifest_name: str, call: Calla
         if handler is not None:
             logger.removeHandler(handler)
             logger.setLevel(old_level)
+            logger.propagate = old_propagate
             handler.close()
     line = {
         "status": "reused" if existed else "done",

@@ -61,6 +61,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_progress_logger = logging.getLogger(f"{__name__}.progress")
 
 PUZZLE_KD_ADAPTER = "puzzle_kd_v2"
 NEMOTRON_VLM_ADAPTER = "nemotron_vlm_v2"
@@ -75,7 +76,9 @@ FORMAT_VERSION = 1
 
 def _progress(stage: str, advance: int, total: int) -> None:
     """A DEBUG record a progress display may follow (the CLI turns these into tqdm bars)."""
-    logger.debug("%s: +%d of %d", stage, advance, total, extra={"progress": (stage, advance, total)})
+    _progress_logger.debug(
+        "%s: +%d of %d", stage, advance, total, extra={"progress": (stage, advance, total)}
+    )
 
 
 # ----------------------------------------------------------------------------------------------- specs
