@@ -130,3 +130,14 @@ def test_round_robin_is_a_permutation_that_keeps_each_group_order(groups):
         taken = {g: sum(groups[i] == g for i in order[:n]) for g in set(groups)}
         left = {g for g in taken if taken[g] < groups.count(g)}
         assert all(taken[g] >= max(taken.values()) - 1 for g in left)
+
+
+def test_numpy_and_torch_integer_indices_work(subset):
+    import numpy as np
+    import torch
+
+    dataset = load_materialized_conversation_dataset(subset)
+    assert dataset[np.int64(1)]["source"]["row_id"] == "m0"
+    assert dataset[torch.tensor(2)]["source"]["row_id"] == "s1"
+    with pytest.raises(TypeError):
+        dataset["1"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import operator
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,9 +73,9 @@ class ConversationDataset(Dataset):
         return len(self._order)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError(f"dataset index must be an int, got {type(index).__name__}")
-        sample = self._samples[self._order[index]]
+        if isinstance(index, bool):
+            raise TypeError("dataset index must be an integer, got a bool")
+        sample = self._samples[self._order[operator.index(index)]]
         # A SubsetReader already returns a fresh dict per call; an in-memory list must not leak its own.
         return sample if isinstance(self._samples, SubsetReader) else copy.deepcopy(dict(sample))
 

@@ -19,6 +19,7 @@ import copy
 import hashlib
 import json
 import logging
+import operator
 import os
 import secrets
 import struct
@@ -478,8 +479,9 @@ class SubsetReader(Sequence):
 
     def raw(self, i: int) -> dict[str, Any]:
         """Sample `i` as stored (image paths relative to the subset)."""
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise TypeError(f"sample index must be an int, got {type(i).__name__}")
+        if isinstance(i, bool):
+            raise TypeError("sample index must be an integer, got a bool")
+        i = operator.index(i)  # ints, numpy and torch integer scalars
         if not -self._count <= i < self._count:
             raise IndexError(f"sample index {i} out of range for a subset of {self._count} samples")
         i %= self._count
