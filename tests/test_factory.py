@@ -141,3 +141,12 @@ def test_numpy_and_torch_integer_indices_work(subset):
     assert dataset[torch.tensor(2)]["source"]["row_id"] == "s1"
     with pytest.raises(TypeError):
         dataset["1"]
+
+
+def test_factory_docstring_examples_run():
+    import doctest
+
+    import puzzletron.dataset.factory as factory
+
+    result = doctest.testmod(factory)
+    assert result.attempted >= 1 and result.failed == 0

@@ -136,6 +136,8 @@ def encode_image(value: Any, *, where: str = "image") -> EncodedImage:
     """Turn an accepted image value into validated encoded bytes plus its format, size and SHA-256.
 
     `where` names the row and field in every error message (`ImageError`, a `ConversationError`).
+    A PIL image opened from a file keeps that file's bytes when they decode to the same format and size
+    (an image changed in place after opening would lose the change: pass a copy, which has no file).
     """
     if isinstance(value, Image.Image):
         filename = getattr(value, "filename", "") or ""
