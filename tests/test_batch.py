@@ -691,3 +691,54 @@ def test_on_cuda_construction_syncs_once_and_derived_batches_do_not_validate() -
         torch.cuda.set_sync_debug_mode("default")
     assert construction_syncs == 1
     assert derived_syncs == 0
+
+
+# -- pickling ------------------------------------------------------------------------------------
+
+
+def test_batch_pickles_round_trip_exactly_with_read_only_mappings() -> None:
+    import pickle
+
+    b = packed_row([3, 2], 6, sample_ids=("pack-0",), nested={"k": torch.tensor([1, 2])})
+    b = dataclasses.replace(b, source_metadata={"epoch": 3})
+    out = pickle.loads(pickle.dumps(b))
+    assert isinstance(out, PuzzletronBatch)
+    assert out.fingerprint == b.fingerprint
+    assert isinstance(out.model_kwargs, types.MappingProxyType)
+    assert isinstance(out.source_metadata, types.MappingProxyType)
+    assert out.source_metadata["epoch"] == 3
+    assert out.sequence.global_cu_seqlens.tolist() == [0, 3, 5]
+    assert out.sequence.seq_ids.tolist() == [[0, 0, 0, 1, 1, -1]]
+    assert out.layout is DataLayout.PACKED_VARLEN
+    with pytest.raises(TypeError):
+        out.model_kwargs["input_ids"] = torch.zeros(1, 6)  # type: ignore[index]
+    revalidated(out)
+
+
+def test_pickled_batch_carries_no_cached_fingerprint_and_pickles_after_hashing() -> None:
+    import pickle
+
+    b = media_batch()
+    expected = b.fingerprint  # cached in the instance: must not break pickling
+    out = pickle.loads(pickle.dumps(b))
+    assert "fingerprint" not in vars(out)
+    assert out.fingerprint == expected
+    assert out.sample_ids == ("a", "b", "c") and out.modality is Modality.MULTIMODAL
+
+
+def test_sequence_metadata_pickles_round_trip_exactly() -> None:
+    import pickle
+
+    seq = PackedSequenceMetadata(
+        global_cu_seqlens=torch.tensor([0, 3, 5], dtype=torch.int32),
+        local_cu_seqlens=torch.tensor([0, 2], dtype=torch.int32),
+        max_seqlen=2,
+        seq_ids=torch.tensor([[0, 0, -1]]),
+        sample_offsets=((0, 3), (3, 5)),
+        cp_rank=1,
+        cp_size=2,
+    )
+    out = pickle.loads(pickle.dumps(seq))
+    assert out == seq
+    assert out.local_cu_seqlens.dtype == torch.int32
+    assert (out.cp_rank, out.cp_size, out.sample_offsets) == (1, 2, ((0, 3), (3, 5)))

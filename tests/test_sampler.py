@@ -14,13 +14,13 @@ import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from puzzletron.dataset.batch import PuzzletronBatch
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
 from puzzletron.dataset.packing import TokenizedSamples, plan_packing
 from puzzletron.dataset.sampler import (
     BatchKey,
     DistributedPackSampler,
     PackedBatches,
-    batch_from_parts,
     deal_epoch,
     steps_per_epoch,
 )
@@ -126,30 +126,43 @@ def test_resume_mid_epoch_continues_at_the_next_batch():
     assert [k.epoch for k in fresh] == [3] * len(full)
 
 
+def _loader(dataset: PackedBatches, sampler: DistributedPackSampler, workers: int):
+    # batch_size=None: no collation, the default conversion passes each PuzzletronBatch through unchanged.
+    return torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=workers)
+
+
+def test_dataloader_workers_return_puzzletron_batches_directly():
+    dataset = _packed_dataset()
+    sampler = DistributedPackSampler(len(dataset), batch_size=2, dp_rank=1, dp_size=2, seed=5)
+    sampler.set_epoch(1)
+    expected = [dataset[key] for key in sampler]
+    sampler.set_epoch(1)
+    got = list(_loader(dataset, sampler, 2))
+    assert all(type(b) is PuzzletronBatch for b in got)
+    assert [b.fingerprint for b in got] == [b.fingerprint for b in expected]
+    assert [b.source_metadata["step"] for b in got] == list(range(len(expected)))
+    assert got[0].sequence.global_cu_seqlens.tolist() == expected[0].sequence.global_cu_seqlens.tolist()
+
+
 @pytest.mark.parametrize(("before", "after"), [(0, 2), (2, 0), (2, 1)])
 def test_resume_with_a_different_number_of_dataloader_workers_gives_identical_batches(before, after):
-    dataset = _packed_dataset(for_workers=True)
-
-    def loader(sampler, workers):
-        return torch.utils.data.DataLoader(
-            dataset, sampler=sampler, batch_size=None, num_workers=workers, collate_fn=lambda x: x
-        )
+    dataset = _packed_dataset()
 
     def fingerprints(items):
-        return [batch_from_parts(p).fingerprint for p in items]
+        return [b.fingerprint for b in items]
 
     reference = DistributedPackSampler(len(dataset), batch_size=2, dp_rank=0, dp_size=2, seed=5)
-    expected = fingerprints(loader(reference, 0))
+    expected = fingerprints(_loader(dataset, reference, 0))
     sampler = DistributedPackSampler(len(dataset), batch_size=2, dp_rank=0, dp_size=2, seed=5)
     consumed = []
-    for parts in loader(sampler, before):  # workers prefetch ahead of what the loop consumed
-        consumed.append(batch_from_parts(parts).fingerprint)
+    for batch in _loader(dataset, sampler, before):  # workers prefetch ahead of what the loop consumed
+        consumed.append(batch.fingerprint)
         if len(consumed) == 3:
             break
     state = sampler.state_dict(consumed=len(consumed))
     resumed = DistributedPackSampler(len(dataset), batch_size=2, dp_rank=0, dp_size=2, seed=5)
     resumed.load_state_dict(state)
-    assert consumed + fingerprints(loader(resumed, after)) == expected
+    assert consumed + fingerprints(_loader(dataset, resumed, after)) == expected
     assert len(set(expected)) == len(expected)
 
 

@@ -267,6 +267,18 @@ class PuzzletronBatch:
     def __hash__(self) -> int:
         return hash(self.fingerprint)
 
+    def __reduce__(self) -> tuple[Callable[..., PuzzletronBatch], tuple[dict[str, Any]]]:
+        """Pickle support (DataLoader workers return batches): the fields, mappings as plain dicts.
+
+        Unpickling rebuilds the read-only mappings without validating again (the batch was valid when it
+        was pickled; pickles are trusted input anyway) and without the cached fingerprint, which is
+        recomputed on first access and equals the original one.
+        """
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        state["model_kwargs"] = dict(self.model_kwargs)
+        state["source_metadata"] = dict(self.source_metadata)
+        return (_unpickle_batch, (state,))
+
     def __repr__(self) -> str:
         return (
             f"PuzzletronBatch(B={self.batch_size}, T={self.sequence_length}, layout={self.layout.value}, "
@@ -770,6 +782,17 @@ def _derive(b: PuzzletronBatch, **changes: Any) -> PuzzletronBatch:
         object.__setattr__(out, f.name, value)
     if changes:
         raise TypeError(f"unknown PuzzletronBatch fields: {sorted(changes)}")
+    return out
+
+
+def _unpickle_batch(state: dict[str, Any]) -> PuzzletronBatch:
+    """Inverse of ``PuzzletronBatch.__reduce__`` (no validation: see there)."""
+    out = object.__new__(PuzzletronBatch)
+    for f in dataclasses.fields(PuzzletronBatch):
+        value = state[f.name]
+        if f.name in ("model_kwargs", "source_metadata"):
+            value = types.MappingProxyType(dict(value))
+        object.__setattr__(out, f.name, value)
     return out
 
 

@@ -23,7 +23,6 @@ any number of workers, because a key (not a worker) determines a batch.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,8 +39,6 @@ __all__ = [
     "BatchKey",
     "DistributedPackSampler",
     "PackedBatches",
-    "batch_from_parts",
-    "batch_to_parts",
     "deal_epoch",
     "steps_per_epoch",
 ]
@@ -241,8 +238,9 @@ class PackedBatches(torch.utils.data.Dataset):
     per row, ``padded_varlen`` or ``fixed``). A padding slot becomes a fully masked row. The batch's
     ``source_metadata`` records ``epoch``, ``step``, ``dp_rank``, ``padding`` and the ``items``.
 
-    ``for_workers=True`` returns `batch_to_parts` of the batch (plain, picklable) for DataLoader worker
-    processes; rebuild it with `batch_from_parts` in the training process.
+    Batches pickle exactly, so DataLoader worker processes return them as they are: use
+    ``DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=k)`` (the default conversion of
+    ``batch_size=None`` passes a `PuzzletronBatch` through unchanged).
     """
 
     samples: TokenizedSamples
@@ -250,7 +248,6 @@ class PackedBatches(torch.utils.data.Dataset):
     plan: PackingPlan | None = None
     pad_token_id: int = 0
     source_metadata: Mapping[str, Any] = field(default_factory=dict)
-    for_workers: bool = False
 
     def __len__(self) -> int:
         return self.plan.num_rows if self.plan is not None else len(self.samples)
@@ -260,7 +257,7 @@ class PackedBatches(torch.utils.data.Dataset):
             return [self.plan.row(i) if i >= 0 else () for i in key.indices]
         return [(i,) if i >= 0 else () for i in key.indices]
 
-    def __getitem__(self, key: BatchKey) -> Any:
+    def __getitem__(self, key: BatchKey) -> PuzzletronBatch:
         if not isinstance(key, BatchKey):
             raise TypeError(f"PackedBatches is indexed by BatchKey, got {type(key).__name__}")
         meta = {
@@ -271,20 +268,6 @@ class PackedBatches(torch.utils.data.Dataset):
             "padding": key.is_padding,
             "items": list(key.indices),
         }
-        batch = build_batch(
+        return build_batch(
             self.samples, self.rows(key), spec=self.spec, pad_token_id=self.pad_token_id, source_metadata=meta
         )
-        return batch_to_parts(batch) if self.for_workers else batch
-
-
-def batch_to_parts(batch: PuzzletronBatch) -> dict[str, Any]:
-    """The constructor arguments of ``batch`` as plain picklable values (mappings become dicts)."""
-    parts = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch) if f.init}
-    parts["model_kwargs"] = dict(parts["model_kwargs"])
-    parts["source_metadata"] = dict(parts["source_metadata"])
-    return parts
-
-
-def batch_from_parts(parts: Mapping[str, Any]) -> PuzzletronBatch:
-    """Inverse of `batch_to_parts` (validates again)."""
-    return PuzzletronBatch(**parts)
