@@ -212,7 +212,9 @@ def test_valid_packed_row_is_accepted() -> None:
     ("seq", "message"),
     [
         ({"global_cu_seqlens": torch.tensor([[0, 3, 5]])}, "global_cu_seqlens must be a 1-D"),
-        ({"global_cu_seqlens": torch.tensor([0])}, "global_cu_seqlens must be a 1-D"),
+        ({"global_cu_seqlens": torch.tensor([], dtype=torch.int32)}, "global_cu_seqlens must be a 1-D"),
+        # [0] means zero samples: only valid when no token is valid.
+        ({"global_cu_seqlens": torch.tensor([0])}, "global_cu_seqlens must end at the valid-token count"),
         ({"global_cu_seqlens": torch.tensor([0.0, 3.0, 5.0])}, "global_cu_seqlens must be a 1-D integer"),
         ({"global_cu_seqlens": torch.tensor([1, 3, 5])}, "global_cu_seqlens must start at 0"),
         ({"global_cu_seqlens": torch.tensor([0, 3, 3, 5])}, "global_cu_seqlens must be strictly increasing"),
@@ -742,3 +744,56 @@ def test_sequence_metadata_pickles_round_trip_exactly() -> None:
     assert out == seq
     assert out.local_cu_seqlens.dtype == torch.int32
     assert (out.cp_rank, out.cp_size, out.sample_offsets) == (1, 2, ((0, 3), (3, 5)))
+
+
+# -- packed batches of padding rows only ---------------------------------------------------------
+
+
+def test_all_padding_packed_batch_carries_cu_of_zero_samples() -> None:
+    seq_ids = torch.full((2, 3), -1)
+    b = PuzzletronBatch(
+        model_kwargs={"input_ids": torch.zeros(2, 3, dtype=torch.long)},
+        labels=torch.full((2, 3), -100),
+        hidden_mask=torch.zeros(2, 3, dtype=torch.bool),
+        sequence=PackedSequenceMetadata(
+            global_cu_seqlens=torch.tensor([0], dtype=torch.int32), seq_ids=seq_ids, max_seqlen=0
+        ),
+        layout="packed_varlen",
+    )
+    assert b.sequence.sample_offsets == ()
+    with pytest.raises(BatchValidationError, match="max_seqlen must equal the largest segment"):
+        dataclasses.replace(b, sequence=dataclasses.replace(b.sequence, max_seqlen=1))
+    # CP of zero samples: local cu [0] too.
+    part = b.cp_partition(torch.tensor([0, 1]), cp_rank=0, cp_size=2)
+    assert part.sequence.local_cu_seqlens.tolist() == [0]
+    assert part.sequence.max_seqlen == 0
+    revalidated(part)
+
+
+def test_row_split_of_padding_rows_keeps_cu_zero_and_seq_ids() -> None:
+    seq_ids = torch.tensor([[0, 0, -1], [-1, -1, -1]])
+    b = PuzzletronBatch(
+        model_kwargs={
+            "input_ids": torch.arange(6).reshape(2, 3),
+            "cu_seqlens": torch.tensor([0, 2], dtype=torch.int32),
+            "max_seqlen": 2,
+        },
+        hidden_mask=seq_ids >= 0,
+        sequence=PackedSequenceMetadata(
+            global_cu_seqlens=torch.tensor([0, 2], dtype=torch.int32),
+            seq_ids=seq_ids,
+            max_seqlen=2,
+            sample_offsets=((0, 2),),
+        ),
+        layout="packed_varlen",
+    )
+    first, second = b.pp_microbatches(2)
+    assert second.sequence.global_cu_seqlens.tolist() == [0]
+    assert second.sequence.seq_ids.tolist() == [[-1, -1, -1]]
+    assert second.sequence.max_seqlen == 0
+    assert second.sequence.sample_offsets == ()
+    assert second.model_kwargs["cu_seqlens"].tolist() == [0]
+    assert second.model_kwargs["max_seqlen"] == 0
+    assert first.sequence.global_cu_seqlens.tolist() == [0, 2]
+    revalidated(first)
+    revalidated(second)

@@ -196,6 +196,17 @@ def test_packed_rows_renumber_samples_globally_and_pad_empty_rows():
     assert not batch.hidden_mask[2].any() and (batch.labels[2] == -100).all()
 
 
+def test_a_packed_batch_of_padding_rows_only_carries_cu_of_zero_samples_and_seq_ids():
+    batch = build_batch(_abc(), [[], []], spec=_packed_spec(4))
+    assert batch.layout is DataLayout.PACKED_VARLEN
+    assert batch.sequence.global_cu_seqlens.tolist() == [0]
+    assert batch.sequence.seq_ids.tolist() == [[-1] * 4, [-1] * 4]
+    assert batch.sequence.max_seqlen == 0
+    assert batch.sequence.sample_offsets == ()
+    assert not batch.hidden_mask.any() and (batch.labels == -100).all()
+    assert batch.sample_ids == ("__padding_0", "__padding_1")
+
+
 def test_a_row_over_pack_size_is_an_error_naming_its_samples():
     with pytest.raises(
         PackingError, match=r"row 0 holds 15 tokens > pack_size 12: samples \['a', 'b', 'c'\]"

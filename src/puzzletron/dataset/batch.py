@@ -128,7 +128,8 @@ def _is_integer_dtype(t: torch.Tensor) -> bool:
 class PackedSequenceMetadata:
     """Sequence and media boundaries retained across distributed partitions.
 
-    - ``global_cu_seqlens`` ``[n + 1]``: cumulative valid-token lengths of every packed sample of the batch.
+    - ``global_cu_seqlens`` ``[n + 1]``: cumulative valid-token lengths of every packed sample of the batch
+      (``[0]`` for a packed batch of padding rows only).
     - ``local_cu_seqlens``: the same over the tokens this CP rank holds (set by ``cp_partition``).
     - ``max_seqlen``: longest segment in tokens (the local one when ``cp_size > 1``).
     - ``seq_ids`` ``[B, T]``: global sample id per token (``0..n-1``, row-major), ``-1`` on padding.
@@ -611,7 +612,9 @@ def _check_cu_values(b: PuzzletronBatch, B: int, T: int, checks: list[tuple[torc
         raise BatchValidationError(
             f"sequence.global_cu_seqlens requires layout 'packed_varlen'; got layout {b.layout.value!r}"
         )
-    _check_cu_shape(cu, "sequence.global_cu_seqlens", minimum=2)
+    # ``[0]`` is a packed batch of zero samples (only padding rows): the end rule below then needs zero valid
+    # tokens, so a packed layout always carries cu and seq_ids, also when every row is padding.
+    _check_cu_shape(cu, "sequence.global_cu_seqlens", minimum=1)
     checks += _increasing(cu, "sequence.global_cu_seqlens")
     n = cu.numel() - 1
     if seq.seq_ids is not None:
@@ -629,9 +632,10 @@ def _check_cu_values(b: PuzzletronBatch, B: int, T: int, checks: list[tuple[torc
             (cu[-1].eq(valid), f"sequence.global_cu_seqlens must end at the valid-token count ({source})")
         )
         if seq.max_seqlen is not None:
+            global_max = cu.diff().max() if cu.numel() > 1 else cu.new_zeros(())
             checks.append(
                 (
-                    cu.diff().max().eq(seq.max_seqlen),
+                    global_max.eq(seq.max_seqlen),
                     "sequence.max_seqlen must equal the largest segment of cu",
                 )
             )
@@ -863,15 +867,13 @@ def _canonical_updates(
         if b.sequence.global_cu_seqlens is not None
         else (canon.cu_seqlens)
     )
+    # A group of padding rows only keeps cu ``[0]`` (zero samples), max 0 and no offsets.
     seq_updates = {
-        "global_cu_seqlens": cu if canon.num_samples else None,
+        "global_cu_seqlens": cu,
         "local_cu_seqlens": None,
         "max_seqlen": canon.max_seqlen if b.sequence.max_seqlen is not None else None,
         "sample_offsets": canon.sample_offsets if b.sequence.sample_offsets else (),
     }
-    if not canon.num_samples:
-        seq_updates["max_seqlen"] = None
-        seq_updates["sample_offsets"] = ()
     kwargs_updates = _cu_kwarg_updates(b, cu, canon.max_seqlen, op)
     seq_idx = b.model_kwargs.get("seq_idx")
     if isinstance(seq_idx, torch.Tensor):

@@ -498,11 +498,11 @@ def build_batch(
     if layout is DataLayout.PACKED_VARLEN:
         cu = torch.zeros(len(take) + 1, dtype=torch.int32)
         cu[1:] = torch.from_numpy(np.cumsum(take))
-        # A batch of padding rows only (the sampler's tail) has no segment, hence no cu (which needs two
-        # entries); its seq_ids are all -1.
+        # A batch of padding rows only (the sampler's tail) has no sample: cu [0], max 0, seq_ids all -1
+        # (a packed layout always carries cu and seq_ids).
         sequence = PackedSequenceMetadata(
-            global_cu_seqlens=cu if take.size else None,
-            max_seqlen=int(take.max()) if take.size else None,
+            global_cu_seqlens=cu,
+            max_seqlen=int(take.max()) if take.size else 0,
             seq_ids=seq_ids,
             sample_offsets=tuple(itertools.pairwise(cu.tolist())),
         )
