@@ -48,6 +48,18 @@ WIDE = FixtureSizes(  # 4x the shards, each the same size as in BASE
 )
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak RSS. ``VmHWM`` is per address space; ``ru_maxrss`` is not: Linux carries the
+    parent's high-water mark across fork+exec, so a child started by a big parent reports the parent's."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _child(kind: str, out: str) -> None:
     from puzzletron.dataset import (
         TextAcquisitionSpec,
@@ -64,7 +76,7 @@ def _child(kind: str, out: str) -> None:
         manifest = materialize_nemotron_vlm_dataset(VlmAcquisitionSpec(output_dir=Path(out)))
         count = manifest["image_count"]
     seconds = time.perf_counter() - start
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mib = _peak_rss_mib()
     print(json.dumps({"count": count, "seconds": seconds, "peak_rss_mib": peak_mib}))
 
 
