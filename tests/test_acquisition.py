@@ -595,3 +595,15 @@ def test_nemotron_streams_each_sample_to_disk_before_pulling_the_next_row(
     )
     assert manifest["diagnostics"]["rejected_rows"] == []
     assert seen == list(range(9))
+
+
+def test_subset_materialisers_refuse_a_stray_directory_before_any_request(
+    tmp_path: Path, fixture_hub: FixtureHub, monkeypatch
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # any request would fail differently
+    (tmp_path / "stray.txt").write_text("x")
+    with pytest.raises(ValueError, match="not empty and holds no complete subset"):
+        materialize_nemotron_vlm_dataset(VlmAcquisitionSpec(output_dir=tmp_path, num_samples=3))
+    with pytest.raises(ValueError, match="not empty and holds no complete subset"):
+        materialize_intersyn_subset(tmp_path, single_turn_revision=fixture_hub.shas[INTERSYN_SINGLE])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stray.txt"]

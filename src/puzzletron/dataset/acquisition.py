@@ -42,7 +42,7 @@ from puzzletron.dataset.conversation import (
     normalize_intersyn_single,
     normalize_nemotron_vlm_sample,
 )
-from puzzletron.dataset.errors import AcquisitionError, ConfigError, ConversationError
+from puzzletron.dataset.errors import AcquisitionError, ConfigError, ConversationError, SubsetError
 
 __all__ = [
     "INTERSYN_MULTI_REVISION",
@@ -294,7 +294,10 @@ def _parquet_shards(source: str, revision: str, split: str) -> list[str]:
 
 
 def _glob(path: str, pattern: str) -> bool:
-    return fnmatch.fnmatchcase(path, pattern if pattern.endswith((".parquet", "*")) else pattern + "*")
+    """Whether the parquet file `path` is named by a ``data_files`` entry (a glob or a folder)."""
+    if not path.endswith(".parquet"):
+        return False
+    return fnmatch.fnmatchcase(path, pattern) or path.startswith(pattern.rstrip("/") + "/")
 
 
 def _hub_split_table(source: str, split: str, revision: str, seed: int, count: int) -> Any:
@@ -608,16 +611,17 @@ class _RoundRobin:
 
 
 def _subset_acquisition(out: Path) -> dict[str, Any] | None:
-    """The recorded acquisition of a complete conversation subset at `out`, or None if there is none."""
-    from puzzletron.dataset import subset as subset_mod
+    """The recorded acquisition of the complete conversation subset at `out`; None where there is nothing
+    (absent or empty directory); `SubsetError` for a non-empty directory without a complete subset."""
+    from puzzletron.dataset.subset import read_manifest
 
-    if not out.exists():
+    if not _nonempty(out):
         return None
     try:
-        manifest = subset_mod.read_manifest(out)
-    except Exception:  # not complete: the materialiser reports it precisely
-        return None
-    return dict(manifest.get("acquisition") or {}) or None
+        manifest = read_manifest(out)
+    except SubsetError as exc:
+        raise SubsetError(f"{out} is not empty and holds no complete subset: {exc}") from exc
+    return dict(manifest.get("acquisition") or {})
 
 
 def materialize_nemotron_vlm_dataset(
@@ -639,7 +643,7 @@ def materialize_nemotron_vlm_dataset(
 
     out = Path(spec.output_dir)
     recorded = _subset_acquisition(out)
-    if recorded is not None:
+    if recorded is not None:  # a complete subset is there: no network unless a revision must be resolved
         _check_reusable(recorded, spec, lambda r: spec.identity(revision=r), revision_resolver, out)
         revision = str(recorded["revision"])
     else:
