@@ -607,3 +607,14 @@ def test_subset_materialisers_refuse_a_stray_directory_before_any_request(
     with pytest.raises(ValueError, match="not empty and holds no complete subset"):
         materialize_intersyn_subset(tmp_path, single_turn_revision=fixture_hub.shas[INTERSYN_SINGLE])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stray.txt"]
+
+
+def test_jsonl_only_subset_rows_are_rejected_as_external_media(hub_endpoint: str, tmp_path: Path) -> None:
+    spec = VlmAcquisitionSpec(
+        output_dir=tmp_path / "c", subsets=("chartqa_cot", "sparsetables"), num_samples=4
+    )
+    manifest = materialize_nemotron_vlm_dataset(spec)
+    diag = manifest["diagnostics"]
+    assert diag["materialized_rows"] == {"chartqa_cot": 0, "sparsetables": 4}
+    assert diag["redistributed_rows"] == {"chartqa_cot": 0, "sparsetables": 2}
+    assert len(diag["rejected_rows"]) == 6 and all("external" in r["reason"] for r in diag["rejected_rows"])

@@ -517,6 +517,7 @@ def hub_vlm_rows(
                         waiting.append((offset, refs))
                         continue
                     row["_missing"] = [ref for ref in refs if ref not in members]
+                    row["_shards"] = all_shards
                 elif refs:
                     path, span = members[refs[0]]
                     row["image"] = {"bytes": _hub.read_member(path, span), "path": refs[0]}
@@ -541,10 +542,16 @@ class _RoundRobin:
             if isinstance(row, Mapping) and row.get("_error"):
                 reason = row["_error"]
             elif isinstance(row, Mapping) and row.get("_missing"):
-                reason = f"image(s) {row['_missing']} not found in any tar shard of the subset"
+                if row.get("_shards"):
+                    reason = f"image(s) {row['_missing']} not found in any of the {row['_shards']} tar shards"
+                else:
+                    reason = (
+                        f"image(s) {row['_missing']} are external: the subset has no media shards "
+                        "(a JSONL-only subset whose references need the upstream media)"
+                    )
             if reason is None:
                 try:
-                    clean = {k: v for k, v in row.items() if k not in ("_missing", "_error")}
+                    clean = {k: v for k, v in row.items() if k not in ("_missing", "_error", "_shards")}
                     sample = normalize_nemotron_vlm_sample(
                         clean, subset=subset, revision=self.revision, source=self.spec.source
                     )
