@@ -618,3 +618,35 @@ def test_jsonl_only_subset_rows_are_rejected_as_external_media(hub_endpoint: str
     assert diag["materialized_rows"] == {"chartqa_cot": 0, "sparsetables": 4}
     assert diag["redistributed_rows"] == {"chartqa_cot": 0, "sparsetables": 2}
     assert len(diag["rejected_rows"]) == 6 and all("external" in r["reason"] for r in diag["rejected_rows"])
+
+
+def test_a_run_killed_mid_download_publishes_nothing_and_the_next_run_sweeps_it(
+    hub_endpoint: str, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "snap"
+    code = (
+        "import sys; from pathlib import Path; from puzzletron.dataset import *; "
+        "materialize_puzzle_kd_dataset(TextAcquisitionSpec(output_dir=Path(sys.argv[1]), "
+        "train_samples=20, validation_samples=20))"
+    )
+    with FaultProxy(hub_endpoint, mode="stall", drop_pattern="validation-") as proxy:
+        env = {**os.environ, "HF_ENDPOINT": proxy.endpoint, "HF_HOME": str(tmp_path / "hf")}
+        child = subprocess.Popen([sys.executable, "-c", code, str(out)], env=env)
+        deadline = time.monotonic() + 60
+        while not any(m == "GET" and "validation-" in p for m, p in proxy.requests):
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        child.kill()  # mid-download, holding the lock and a half-filled transaction directory
+        child.wait(timeout=30)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".snap.txn-")]  # left by the kill
+    manifest = materialize_puzzle_kd_dataset(
+        TextAcquisitionSpec(output_dir=out, train_samples=20, validation_samples=20)
+    )
+    assert manifest["splits"] == {"train": 20, "validation": 20}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".snap.txn-")]  # swept
