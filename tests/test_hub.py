@@ -118,3 +118,8 @@ def test_olah_ignores_http_range_so_we_fetch_whole_files(hub_endpoint: str, fixt
         body = response.read()
     whole = (fixture_hub.repo_dir(NEMOTRON_VLM) / "sparsetables/media/shard_000000.tar").read_bytes()
     assert response.status == 200 and body == whole  # not 206 with 100 bytes
+
+
+def test_invalid_repository_id_is_an_acquisition_error(hub_endpoint: str) -> None:
+    with pytest.raises(AcquisitionError, match="invalid repository id"):
+        _hub.resolve_revision("acme/bad name!", None)

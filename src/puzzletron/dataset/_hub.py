@@ -95,6 +95,8 @@ def hub_errors(source: str, revision: str | None, action: str) -> Iterator[None]
         yield
     except AcquisitionError:
         raise
+    except hf_errors.HFValidationError as exc:
+        raise AcquisitionError(f"{action} {where}: invalid repository id or revision: {exc}") from exc
     except hf_errors.GatedRepoError as exc:
         raise AcquisitionError(
             f"{action} {where}: access denied (gated or private repository, HTTP {_status(exc)}); accept "
