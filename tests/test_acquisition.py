@@ -583,7 +583,10 @@ def test_nemotron_streams_each_sample_to_disk_before_pulling_the_next_row(
     out = tmp_path / "stream"
     seen: list[int] = []
 
+    asked: dict[str, dict[str, Any]] = {}
+
     def spy(subset: str, **kwargs: Any):
+        asked[subset] = kwargs
         for row in hub_vlm_rows(subset, **kwargs):
             txn = [p for p in tmp_path.iterdir() if p.name.startswith(".stream.txn-")]
             on_disk = len(list((txn[0] / "images").iterdir())) if txn else 0
@@ -595,6 +598,11 @@ def test_nemotron_streams_each_sample_to_disk_before_pulling_the_next_row(
     )
     assert manifest["diagnostics"]["rejected_rows"] == []
     assert seen == list(range(9))
+    # each subset is asked for its own quota (3 of 9), with the spec's source, seed and shard bound
+    assert {s: a["quota"] for s, a in asked.items()} == {"sparsetables": 3, "plotqa_cot": 3, "wiki_en": 3}
+    assert all(
+        a["source"] == NEMOTRON_VLM and a["seed"] == 42 and a["max_shards"] == 1 for a in asked.values()
+    )
 
 
 def test_subset_materialisers_refuse_a_stray_directory_before_any_request(
