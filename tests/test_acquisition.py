@@ -658,3 +658,19 @@ def test_a_run_killed_mid_download_publishes_nothing_and_the_next_run_sweeps_it(
     )
     assert manifest["splits"] == {"train": 20, "validation": 20}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".snap.txn-")]  # swept
+
+
+def test_one_dropped_download_is_retried_within_the_run(
+    hub_endpoint: str, fresh_hf_home: Path, fixture_hub: FixtureHub, tmp_path: Path, monkeypatch
+) -> None:
+    """huggingface_hub resumes with a Range request; the mirror answers 200 with the whole file, which the
+    client detects and restarts from byte 0, so the shard is intact."""
+    with FaultProxy(hub_endpoint, mode="drop", drop_pattern="train-", max_drops=1) as proxy:
+        monkeypatch.setenv("HF_ENDPOINT", proxy.endpoint)
+        materialize_puzzle_kd_dataset(
+            TextAcquisitionSpec(output_dir=tmp_path / "s", train_samples=10, validation_samples=10)
+        )
+        assert proxy.drops == 1
+    cached = fresh_hf_home / "hub" / ("datasets--" + PUZZLE_KD.replace("/", "--")) / "snapshots"
+    shard = next(cached.rglob("train-*.parquet"))
+    assert shard.read_bytes() == (fixture_hub.repo_dir(PUZZLE_KD) / "data" / shard.name).read_bytes()
