@@ -128,3 +128,36 @@ def test_cp_partition_of_every_rank_gathers_back_to_the_batch(b: PuzzletronBatch
     gathered = gather_cp_partitions(parts, indices)
     assert gathered == b  # fingerprint equality: every tensor, mask, label and metadata field
     assert torch.equal(gathered.input_ids, b.input_ids)
+
+
+def test_gather_restores_per_row_cu_thd_lengths_and_token_indices_exactly() -> None:
+    seq_ids = torch.tensor([[0, 0, 0, 1, 1, -1], [2, 2, 2, 2, -1, -1]])
+    b = PuzzletronBatch(
+        model_kwargs={
+            "input_ids": torch.arange(12).reshape(2, 6),
+            "seq_lens": torch.tensor([[3, 2], [4, -1000]]),
+            "seq_lens_padded": torch.tensor([[3, 3], [6, -1000]]),
+            "cu_seqlens": torch.tensor([[0, 3, 5], [0, 4, -1]], dtype=torch.int32),
+            "packed_token_indices": torch.tensor([[0, 1, 2, 3, 4, -1], [0, 1, 2, 3, -1, -1]]),
+            "max_seqlen": 4,
+        },
+        hidden_mask=seq_ids >= 0,
+        sequence=PackedSequenceMetadata(
+            global_cu_seqlens=torch.tensor([0, 3, 5, 9], dtype=torch.int32), seq_ids=seq_ids, max_seqlen=4
+        ),
+        layout="packed_varlen",
+    )
+    indices = [batch_cp_indices(b, cp_rank=r, cp_size=2) for r in range(2)]
+    assert [i.tolist() for i in indices] == [[0, 1], [2, 3, 4, 5]]
+    parts = [b.cp_partition(idx, cp_rank=r, cp_size=2) for r, idx in enumerate(indices)]
+    assert parts[1].model_kwargs["cu_seqlens"].tolist() == [[0, 1, 3], [0, 2, -1]]
+    assert parts[1].model_kwargs["seq_lens_padded"].tolist() == [[1, 3], [4, -1000]]
+    assert parts[1].model_kwargs["packed_token_indices"].tolist() == [[0, 1, 2, -1], [0, 1, -1, -1]]
+    gathered = gather_cp_partitions(parts, indices)
+    assert gathered.model_kwargs["cu_seqlens"].tolist() == [[0, 3, 5], [0, 4, -1]]
+    assert gathered.model_kwargs["seq_lens"].tolist() == [[3, 2], [4, -1000]]
+    assert gathered.model_kwargs["packed_token_indices"].tolist() == [
+        [0, 1, 2, 3, 4, -1],
+        [0, 1, 2, 3, -1, -1],
+    ]
+    assert gathered == b

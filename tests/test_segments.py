@@ -159,3 +159,13 @@ def test_docstring_examples_run(module: object) -> None:
     result = doctest.testmod(module)  # type: ignore[arg-type]
     assert result.attempted > 0
     assert result.failed == 0
+
+
+def test_row_document_lengths_count_following_padding_in_spans_and_skip_leading_padding() -> None:
+    from puzzletron.dataset._segments import row_cu_from_seq_ids, row_document_lengths
+
+    ids = torch.tensor([[-1, 4, 4, -1, 5, -1], [-1] * 6, [7, 7, 7, 7, 7, 7]])
+    lengths, spans = row_document_lengths(ids, 2)
+    assert lengths.tolist() == [[2, 1], [-1, -1], [6, -1]]
+    assert spans.tolist() == [[3, 2], [-1, -1], [6, -1]]  # the leading padding token is in no span
+    assert row_cu_from_seq_ids(ids, 3).tolist() == [[0, 2, 3], [0, -1, -1], [0, 6, -1]]

@@ -36,6 +36,8 @@ __all__ = [
     "max_segment_length",
     "media_offsets_from_counts",
     "patch_offsets_from_grid",
+    "row_cu_from_seq_ids",
+    "row_document_lengths",
     "sample_offsets_from_cu",
     "seq_ids_from_cu",
 ]
@@ -138,6 +140,52 @@ def seq_ids_from_cu(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
     # searchsorted over the right edges: token p belongs to the first sample whose end is > p.
     ids = torch.searchsorted(cu[1:].contiguous(), positions, right=True)
     return torch.where(positions < cu[-1], ids, torch.full_like(ids, -1))
+
+
+def row_document_lengths(seq_ids: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row document lengths and physical spans, both ``[B, width]`` int64 (``-1`` = no document).
+
+    A document is a maximal run of equal non-negative ids in a row (in row order); its span runs from its
+    first token to the next document's first token or the row end, so it counts the padding that follows it
+    (the THD ``seq_lens_padded`` convention). Tokens before a row's first document belong to no span, and
+    documents past ``width`` are not counted (callers size ``width`` from a form that already held them).
+    Loop-free and sync-free.
+
+    >>> lengths, spans = row_document_lengths(torch.tensor([[0, 0, -1, 1, 1, 1], [2, -1, -1, -1, -1, -1]]), 3)
+    >>> lengths.tolist(), spans.tolist()
+    ([[2, 3, -1], [1, -1, -1]], [[3, 3, -1], [6, -1, -1]])
+    """
+    _check_ids(seq_ids, "seq_ids")
+    valid = seq_ids >= 0
+    starts = valid.clone()
+    starts[:, 1:] &= (seq_ids[:, 1:] != seq_ids[:, :-1]) | ~valid[:, :-1]
+    # doc: [B, T] index of the last document started at or before each token (-1 before the first one).
+    doc = starts.long().cumsum(dim=1) - 1
+    column = torch.where((doc >= 0) & (doc < width), doc, torch.full_like(doc, width))  # width = discard
+    ones = torch.ones_like(column)
+    spans = torch.zeros(seq_ids.shape[0], width + 1, dtype=torch.long, device=seq_ids.device)
+    spans.scatter_add_(1, column, ones)
+    lengths = torch.zeros_like(spans)
+    lengths.scatter_add_(1, torch.where(valid, column, torch.full_like(column, width)), ones)
+    used = torch.arange(width, device=seq_ids.device) < starts.sum(dim=1, keepdim=True)
+    unused = torch.full_like(spans[:, :width], -1)
+    return torch.where(used, lengths[:, :width], unused), torch.where(used, spans[:, :width], unused)
+
+
+def row_cu_from_seq_ids(seq_ids: torch.Tensor, width: int) -> torch.Tensor:
+    """Row-local cu ``[B, width]`` over each row's valid tokens, ``-1`` after the row's last boundary.
+
+    AutoModel's per-row ``cu_seqlens`` convention (neat packing metadata); a row without documents is
+    ``[0, -1, ...]``. ``width`` is ``max documents per row + 1``.
+
+    >>> row_cu_from_seq_ids(torch.tensor([[0, 0, -1, 1], [-1, -1, -1, -1]]), 3).tolist()
+    [[0, 2, 3], [0, -1, -1]]
+    """
+    lengths, _ = row_document_lengths(seq_ids, width - 1)
+    cu = torch.zeros(seq_ids.shape[0], width, dtype=torch.long, device=seq_ids.device)
+    cu[:, 1:] = lengths.clamp(min=0).cumsum(dim=1)
+    cu[:, 1:] = torch.where(lengths >= 0, cu[:, 1:], torch.full_like(lengths, -1))
+    return cu
 
 
 def first_token_positions(seq_ids: torch.Tensor, num_samples: int) -> torch.Tensor:

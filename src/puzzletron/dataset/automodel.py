@@ -13,7 +13,11 @@
     plain          attention_mask [B, T] (0/1 or document ids), padding_mask [B, T] (True = padding)
 
 `forward_kwargs(batch, backend=...)` goes the other way: from a packed batch (also after `cp_partition`) to
-the attention kwargs of HF flash-attention varlen or Transformer Engine THD.
+the attention kwargs of HF flash-attention varlen or Transformer Engine THD. It is the one place that derives
+kwargs over the flattened batch: every split of a batch (``cp_partition``, ``dp_slice``, ``pp_microbatches``,
+``pad_batch_to_multiple``) drops a collator's flash ``cu_seq_lens_q/k`` and ``max_length_q/k``, so call it on
+the split batch. Row-local forms survive splits instead: a per-row ``cu_seqlens`` ``[B, D+1]``,
+``packed_token_indices`` and THD ``seq_lens*`` are sliced with rows and rebuilt for new token layouts.
 
 The conversion is meant for collator output on the CPU: it needs host values (``max_seqlen``, offsets).
 It never mutates the input and copies no tensor it passes through (1-D inputs become ``[1, T]`` views).
@@ -457,6 +461,9 @@ def forward_kwargs(batch: PuzzletronBatch, *, backend: Literal["flash", "te_thd"
     - ``"te_thd"`` (Transformer Engine, ``qkv_format="thd"``): ``cu_seqlens_q/kv`` over valid tokens and
       ``cu_seqlens_q/kv_padded`` physical offsets in the flat buffer (a document's padding follows it),
       ``max_seqlen_q/kv``, ``attn_mask_type="padding_causal"``, and the same ``position_ids``.
+
+    Use it after any split: the batch methods drop a collator's flash kwargs (their offsets cover the whole
+    flattened batch) rather than keep them stale, and this function rebuilds them from ``seq_ids``.
 
     Raises when a document is split into several runs or the runs disagree with the batch's cu
     (`cp_partition` with unsorted indices would do that): a boundary is never dropped silently.

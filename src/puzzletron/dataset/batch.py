@@ -16,17 +16,34 @@ padding_mask, token_type_ids
 position_ids                dim 0 of ``[B, T]``, dim 1 of    last dim
                             mRoPE ``[R, B, T]``
 inputs_embeds               dim 0 of ``[B, T, H]``          dim 1
-seq_lens, seq_lens_padded   dim 0 (THD ``[B, max_docs]``)   --
-cu_seqlens                  2-D ``[B, D+1]``: dim 0;         rebuilt from the local counts
-                            1-D: rebuilt from ``seq_ids``
+packed_token_indices        dim 0 (pad rows: -1)            last dim, then renumbered to the new
+                                                            positions (``arange`` where valid)
+seq_lens, seq_lens_padded   dim 0 (THD ``[B, max_docs]``,   rebuilt per row from the new ``seq_ids``
+                            pad rows: -1000)
+cu_seqlens                  per-row ``[B, D+1]`` (-1 after   per-row: rebuilt per row from the new
+                            the last boundary): dim 0 (pad   ``seq_ids``; flat: the local cu
+                            rows ``[0, -1, ...]``); flat
+                            ``[n+1]``: rebuilt per group
+n_videos_per_sample,        dim 0 when it has B entries      --
+num_patches (+ image
+counts)
 labels, masks, seq_ids      dim 0                           dim 1
 ==========================  ==============================  ========================================
+
+A 2-D ``cu_seqlens`` with B rows is AutoModel's per-row form (row-local offsets over each row's valid
+tokens); a 1-D one (or ``[1, n+1]`` when B > 1) is flat over the whole batch. For one row both coincide.
+Rebuilt THD ``seq_lens_padded`` spans run from a document's first token to the next document (or the row
+end); a row that starts with padding (possible after ``cp_partition``) gets a leading zero-length document
+spanning that padding, so the physical offsets stay exact.
+
+Backend kwargs over the flattened batch (HF flash ``cu_seq_lens_q/k``, ``max_length_q/k``) are *dropped* by
+every split (``cp_partition``, ``dp_slice``, ``pp_microbatches``, ``pad_batch_to_multiple``):
+`puzzletron.dataset.automodel.forward_kwargs` is the one place that derives them, from ``seq_ids``.
 
 Media is per image: ``image_grid_thw``, ``image_position_ids``, ``image_sizes`` have one row per image, and
 ``pixel_values`` has either one entry per image or the flat patches of every image
 (``sum(t*h*w)`` rows, aligned through ``image_grid_thw``); ``sequence.media_counts`` ``[B]`` says how many
-images each row owns. Any other tensor kwarg (e.g. ``cu_seq_lens_q``) is passed through *unchanged* by every
-row or token operation.
+images each row owns. Any other tensor kwarg is passed through *unchanged* by every row or token operation.
 
 Validation runs once, in ``__init__``: shape rules on the host, value rules as tensor reductions stacked
 into one boolean vector and read with a single host sync (so a batch built on an accelerator costs one sync,
@@ -81,11 +98,33 @@ SEQUENCE_KWARGS = (
     "padding_mask",
     "token_type_ids",
 )
+# AutoModel neat-packing metadata: row-local token positions [B, T], -1 on padding. Gathered like a sequence
+# tensor, then renumbered to the positions of the new layout (so it stays arange(T) where valid).
+TOKEN_INDEX_KWARGS = ("packed_token_indices",)
 # THD per-row document lengths [B, max_docs], padded with AutoModel's sentinel.
 ROW_KWARGS = ("seq_lens", "seq_lens_padded")
+# One entry per row ([B] tensor, list or tuple): sliced with the rows when they have B entries, else passed
+# through (batch_from_automodel consumes the image counts; a batch built by hand may still carry them).
+PER_ROW_KWARGS = (
+    "n_images_per_sample",
+    "num_images_per_sample",
+    "n_videos_per_sample",
+    "num_videos_per_sample",
+    "num_patches",
+)
+# HF flash-varlen kwargs over the flattened B*T tokens: dropped by every split (their offsets cover the whole
+# batch); rebuild them with `puzzletron.dataset.automodel.forward_kwargs(batch, backend="flash")`.
+FLAT_BACKEND_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 PER_IMAGE_KWARGS = ("image_grid_thw", "image_position_ids", "image_sizes")
 VIDEO_KWARGS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
-_ROW_FILL = {"seq_idx": -1, "padding_mask": True, "seq_lens": -1000, "seq_lens_padded": -1000}
+THD_SENTINEL = -1000
+_ROW_FILL = {
+    "seq_idx": -1,
+    "padding_mask": True,
+    "seq_lens": THD_SENTINEL,
+    "seq_lens_padded": THD_SENTINEL,
+    "packed_token_indices": -1,
+}
 _FIELD_FILL = {"labels": -100, "ce_mask": False, "kd_mask": False, "hidden_mask": False, "seq_ids": -1}
 _MASK_FIELDS = ("ce_mask", "kd_mask", "hidden_mask")
 
@@ -339,9 +378,12 @@ class PuzzletronBatch:
         The same index vector gathers the sequence axis of every sequence-shaped tensor (see the module
         docstring), labels, masks and ``seq_ids``. Packed batches get ``local_cu_seqlens`` = cumulative local
         token counts of the global samples present (in global-id order, zero counts dropped) and
-        ``max_seqlen`` = the largest local count; a ``cu_seqlens`` kwarg is replaced by the local cu and an
-        int ``max_seqlen`` kwarg by the local max. Global cu and offsets stay; media stay whole (every rank
-        runs the vision tower). ``puzzletron.dataset.parallel`` builds balanced indices and the inverse.
+        ``max_seqlen`` = the largest local count; a flat ``cu_seqlens`` kwarg is replaced by the local cu, a
+        per-row one, ``packed_token_indices`` and THD ``seq_lens*`` are rebuilt per row for the local layout,
+        an int ``max_seqlen`` kwarg becomes the local max, and flash ``cu_seq_lens_q/k`` / ``max_length_q/k``
+        are dropped (rebuild them with ``automodel.forward_kwargs``). Global cu and offsets stay; media stay
+        whole (every rank runs the vision tower). ``puzzletron.dataset.parallel`` builds balanced indices and
+        the inverse.
         """
         cp_size = _require_int(cp_size, "cp_size", minimum=1)
         cp_rank = _require_int(cp_rank, "cp_rank", minimum=0)
@@ -379,6 +421,7 @@ class PuzzletronBatch:
         elif self.sequence.max_seqlen is not None:
             local_max = int(idx.numel())
         kwargs_updates = _cu_kwarg_updates(self, local_cu, local_max, "cp_partition")
+        kwargs_updates.update(_token_layout_updates(self, gathered.get(("seq", "seq_ids")), "cp_partition"))
         return _assemble(
             self,
             gathered,
@@ -398,7 +441,7 @@ class PuzzletronBatch:
         ``r``-th block of ``B / dp_size`` rows with their media. One packed row (packed layout, ``B == 1``,
         cu present) is split by whole samples instead: samples are dealt contiguously, the first
         ``n % dp_size`` ranks get one more, and the rank keeps the token span of its samples with ids
-        renumbered from 0 and its own cu::
+        renumbered from 0 and its own cu (THD ``seq_lens*``, ``packed_token_indices`` rebuilt for the span)::
 
             tokens   a a a b b b c c d d d d          cu [0, 3, 6, 8, 12], dp_size 2
             rank 0   a a a b b b                      seq_ids [0,0,0,1,1,1]  cu [0, 3, 6]
@@ -427,10 +470,12 @@ class PuzzletronBatch:
     def pad_batch_to_multiple(self, multiple: int) -> PuzzletronBatch:
         """Append fully masked rows for a static PP schedule without copying media.
 
-        Adds ``(-B) % multiple`` rows: kwargs padded on their batch axis with 0 (``seq_idx`` with -1,
-        ``padding_mask`` with True, THD ``seq_lens*`` with -1000, mRoPE ``[R, B, T]`` on dim 1), labels -100,
-        masks False, ``seq_ids`` -1, ``media_counts`` 0. Media tensors are the same objects, global cu is
-        untouched, ``sample_ids`` (when given) gain ``__pp_padding_<i>``.
+        Adds ``(-B) % multiple`` rows: kwargs padded on their batch axis with 0 (``seq_idx`` and
+        ``packed_token_indices`` with -1, ``padding_mask`` with True, THD ``seq_lens*`` with -1000, a per-row
+        ``cu_seqlens`` with ``[0, -1, ...]``, mRoPE ``[R, B, T]`` on dim 1, per-row counts such as
+        ``n_videos_per_sample`` with 0), labels -100, masks False, ``seq_ids`` -1, ``media_counts`` 0. Media
+        tensors are the same objects, global cu is untouched, flash ``cu_seq_lens_q/k`` are dropped,
+        ``sample_ids`` (when given) gain ``__pp_padding_<i>``.
         """
         multiple = _require_int(multiple, "multiple", minimum=1)
         extra = (-self.batch_size) % multiple
@@ -440,12 +485,13 @@ class PuzzletronBatch:
         tensors = _batch_axis_tensors(self)
         if seq_ids is not None:
             tensors[("seq", "seq_ids")] = (seq_ids, 0)
-        padded = {}
-        for path, (t, dim) in tensors.items():
-            fill = _fill_value(path)
-            shape = list(t.shape)
-            shape[dim] = extra
-            padded[path] = torch.cat([t, torch.full(shape, fill, dtype=t.dtype, device=t.device)], dim=dim)
+        padded = {
+            path: torch.cat([t, _fill_rows(path, t, dim, extra)], dim=dim)
+            for path, (t, dim) in tensors.items()
+        }
+        kwargs_updates = {
+            key: type(value)([*value, *([0] * extra)]) for key, value in _per_row_sequences(self).items()
+        }
         seq_updates: dict[str, Any] = {}
         counts = self.sequence.media_counts
         if counts is not None:
@@ -457,15 +503,19 @@ class PuzzletronBatch:
         sample_ids = self.sample_ids
         if sample_ids:
             sample_ids = (*sample_ids, *(f"__pp_padding_{i}" for i in range(extra)))
-        return _assemble(self, padded, sequence_updates=seq_updates, sample_ids=sample_ids)
+        return _assemble(
+            self, padded, kwargs_updates=kwargs_updates, sequence_updates=seq_updates, sample_ids=sample_ids
+        )
 
     def pp_microbatches(self, n_microbatches: int) -> tuple[PuzzletronBatch, ...]:
         """Exactly ``n_microbatches`` contiguous row groups (the first ``B % n`` groups get one more row).
 
         Raises when ``n_microbatches > B`` (call ``pad_batch_to_multiple`` first). Each group gets its rows'
         media (per-image kwargs by media range, flat ``pixel_values`` by patch range through
-        ``image_grid_thw``) and, for packed batches, re-canonicalised ``seq_ids``, cu, offsets and max (a 1-D
-        ``cu_seqlens`` kwarg and a ``seq_idx`` kwarg are rebuilt to match).
+        ``image_grid_thw``) and, for packed batches, re-canonicalised ``seq_ids``, cu, offsets and max (a flat
+        ``cu_seqlens`` kwarg, an int ``max_seqlen`` and a ``seq_idx`` kwarg are rebuilt to match; a per-row
+        ``cu_seqlens``, ``packed_token_indices``, THD ``seq_lens*`` and per-row counts are sliced with the
+        rows; flash ``cu_seq_lens_q/k`` / ``max_length_q/k`` are dropped: see ``automodel.forward_kwargs``).
         """
         n = _require_int(n_microbatches, "n_microbatches", minimum=1)
         if n > self.batch_size:
@@ -733,6 +783,10 @@ def _sequence_axis_tensors(b: PuzzletronBatch) -> dict[_Path, tuple[torch.Tensor
     emb = b.model_kwargs.get("inputs_embeds")
     if isinstance(emb, torch.Tensor):
         out[("kw", "inputs_embeds")] = (emb, 1)
+    for key in TOKEN_INDEX_KWARGS:
+        t = b.model_kwargs.get(key)
+        if isinstance(t, torch.Tensor) and tuple(t.shape) == (b.batch_size, b.sequence_length):
+            out[("kw", key)] = (t, 1)
     for name in ("labels", *_MASK_FIELDS):
         t = getattr(b, name)
         if t is not None:
@@ -743,7 +797,7 @@ def _sequence_axis_tensors(b: PuzzletronBatch) -> dict[_Path, tuple[torch.Tensor
 def _batch_axis_tensors(b: PuzzletronBatch) -> dict[_Path, tuple[torch.Tensor, int]]:
     """Every tensor with a batch axis and that axis (``seq_ids`` and media excluded: callers handle them)."""
     out: dict[_Path, tuple[torch.Tensor, int]] = {}
-    for key in (*SEQUENCE_KWARGS, *ROW_KWARGS, "inputs_embeds"):
+    for key in (*SEQUENCE_KWARGS, *TOKEN_INDEX_KWARGS, *ROW_KWARGS, "inputs_embeds"):
         t = b.model_kwargs.get(key)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
             out[("kw", key)] = (t, 0)
@@ -751,8 +805,12 @@ def _batch_axis_tensors(b: PuzzletronBatch) -> dict[_Path, tuple[torch.Tensor, i
     if isinstance(pos, torch.Tensor):
         out[("kw", "position_ids")] = (pos, pos.dim() - 2)
     cu = b.model_kwargs.get("cu_seqlens")
-    if isinstance(cu, torch.Tensor) and cu.dim() == 2:
+    if _is_per_row_cu(cu, b.batch_size):
         out[("kw", "cu_seqlens")] = (cu, 0)
+    for key in PER_ROW_KWARGS:
+        t = b.model_kwargs.get(key)
+        if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == b.batch_size:
+            out[("kw", key)] = (t, 0)
     for name in ("labels", *_MASK_FIELDS):
         t = getattr(b, name)
         if t is not None:
@@ -765,6 +823,37 @@ def _fill_value(path: _Path) -> Any:
     if kind == "kw":
         return _ROW_FILL.get(name, 0)
     return _FIELD_FILL[name]
+
+
+def _fill_rows(path: _Path, t: torch.Tensor, dim: int, extra: int) -> torch.Tensor:
+    """``extra`` padding rows shaped like ``t`` on ``dim`` (a per-row cu row is ``[0, -1, ...]``)."""
+    shape = list(t.shape)
+    shape[dim] = extra
+    if path == ("kw", "cu_seqlens"):
+        rows = torch.full(shape, -1, dtype=t.dtype, device=t.device)
+        rows[:, 0] = 0
+        return rows
+    return torch.full(shape, _fill_value(path), dtype=t.dtype, device=t.device)
+
+
+def _is_per_row_cu(cu: Any, batch_size: int) -> bool:
+    """AutoModel's per-row ``cu_seqlens`` ``[B, D+1]`` (for B == 1 it equals the flat form)."""
+    return isinstance(cu, torch.Tensor) and cu.dim() == 2 and cu.shape[0] == batch_size
+
+
+def _per_row_sequences(b: PuzzletronBatch) -> dict[str, Sequence[Any]]:
+    """``PER_ROW_KWARGS`` held as lists/tuples of B entries (tensors are in ``_batch_axis_tensors``)."""
+    return {
+        key: value
+        for key in PER_ROW_KWARGS
+        if isinstance(value := b.model_kwargs.get(key), list | tuple) and len(value) == b.batch_size
+    }
+
+
+def _renumbered_token_indices(t: torch.Tensor) -> torch.Tensor:
+    """Row-local token positions of a new layout: ``arange(T)`` where ``t >= 0``, ``-1`` elsewhere."""
+    positions = torch.arange(t.shape[-1], dtype=t.dtype, device=t.device).expand_as(t)
+    return torch.where(t >= 0, positions, torch.full_like(t, -1))
 
 
 # -- derived batches ----------------------------------------------------------------------------------
@@ -808,7 +897,10 @@ def _assemble(
     sequence_updates: Mapping[str, Any] | None = None,
     **field_changes: Any,
 ) -> PuzzletronBatch:
-    """Put the tensors of a ``_sequence_axis_tensors``/``_batch_axis_tensors`` table back into a batch."""
+    """Put the tensors of a ``_sequence_axis_tensors``/``_batch_axis_tensors`` table back into a batch.
+
+    Every caller derives a split or padded batch, so ``FLAT_BACKEND_KWARGS`` are dropped (unless given in
+    ``kwargs_updates``) and ``packed_token_indices`` are renumbered to the new positions."""
     kwargs = dict(b.model_kwargs)
     seq_changes = dict(sequence_updates or {})
     for (kind, name), t in tensors.items():
@@ -819,6 +911,12 @@ def _assemble(
         else:
             seq_changes[name] = t
     kwargs.update(kwargs_updates or {})
+    for key in FLAT_BACKEND_KWARGS:  # every caller splits or pads: flat-batch offsets are stale
+        if key not in (kwargs_updates or {}):
+            kwargs.pop(key, None)
+    for key in TOKEN_INDEX_KWARGS:
+        if ("kw", key) in tensors:
+            kwargs[key] = _renumbered_token_indices(kwargs[key])
     return _derive(
         b, model_kwargs=kwargs, sequence=_derive_metadata(b.sequence, **seq_changes), **field_changes
     )
@@ -840,7 +938,11 @@ def _packed_seq_ids(b: PuzzletronBatch, op: str) -> torch.Tensor | None:
 def _cu_kwarg_updates(
     b: PuzzletronBatch, cu: torch.Tensor | None, max_seqlen: int | None, op: str
 ) -> dict[str, Any]:
-    """Rebuilt ``cu_seqlens`` (1-D, or ``[1, n+1]`` for one row) and int ``max_seqlen`` kwargs."""
+    """Rebuilt flat ``cu_seqlens`` (1-D, or ``[1, n+1]``) and int ``max_seqlen`` kwargs.
+
+    A per-row ``[B, D+1]`` ``cu_seqlens`` with B > 1 is left alone: row splits slice it, token splits rebuild
+    it with ``_token_layout_updates``.
+    """
     updates: dict[str, Any] = {}
     old = b.model_kwargs.get("cu_seqlens")
     if isinstance(old, torch.Tensor) and cu is not None:
@@ -848,12 +950,48 @@ def _cu_kwarg_updates(
             updates["cu_seqlens"] = cu.to(device=old.device, dtype=old.dtype)
         elif old.dim() == 2 and old.shape[0] == 1:
             updates["cu_seqlens"] = cu.to(device=old.device, dtype=old.dtype).reshape(1, -1)
-        else:
+        elif not _is_per_row_cu(old, b.batch_size):
             raise BatchValidationError(
-                f"{op}: cannot rebuild a per-row model_kwargs['cu_seqlens'] of shape {tuple(old.shape)}"
+                f"{op}: model_kwargs['cu_seqlens'] of shape {tuple(old.shape)} is neither flat nor per-row "
+                f"[B={b.batch_size}, D+1]"
             )
     if _is_int(b.model_kwargs.get("max_seqlen")) and max_seqlen is not None:
         updates["max_seqlen"] = max_seqlen
+    return updates
+
+
+def _token_layout_updates(b: PuzzletronBatch, row_ids: torch.Tensor | None, op: str) -> dict[str, Any]:
+    """Per-row kwargs rebuilt for a new token layout (``cp_partition``, ``dp_slice`` of a packed row, the
+    inverse of CP) from its ``seq_ids`` ``row_ids`` ``[B, L]``: a per-row ``cu_seqlens`` (B > 1) and THD
+    ``seq_lens``/``seq_lens_padded``, each keeping its width, dtype and device. Loop-free and sync-free."""
+    kwargs = b.model_kwargs
+    old_cu = kwargs.get("cu_seqlens")
+    per_row_cu = _is_per_row_cu(old_cu, b.batch_size) and b.batch_size > 1
+    thd = [key for key in ROW_KWARGS if isinstance(kwargs.get(key), torch.Tensor)]
+    if not (per_row_cu or thd):
+        return {}
+    if row_ids is None:
+        keys = ["cu_seqlens"] * per_row_cu + thd
+        raise BatchValidationError(f"{op}: rebuilding model_kwargs {keys} needs sequence.seq_ids")
+    updates: dict[str, Any] = {}
+    if per_row_cu:
+        cu = _segments.row_cu_from_seq_ids(row_ids, old_cu.shape[1])
+        updates["cu_seqlens"] = cu.to(device=old_cu.device, dtype=old_cu.dtype)
+    if thd:
+        width = kwargs[thd[0]].shape[-1]
+        lengths, spans = _segments.row_document_lengths(row_ids, width)
+        # A row that starts with padding (after cp_partition) gets a zero-length first document spanning it;
+        # that row lacks at least its first document, so the shift never pushes one out of `width`.
+        valid = row_ids >= 0
+        lead = ~valid[:, :1] & valid.any(dim=1, keepdim=True)
+        lead_span = valid.long().argmax(dim=1, keepdim=True)
+        lengths = torch.where(lead, torch.cat([torch.zeros_like(lead_span), lengths[:, :-1]], 1), lengths)
+        spans = torch.where(lead, torch.cat([lead_span, spans[:, :-1]], 1), spans)
+        for key, value in (("seq_lens", lengths), ("seq_lens_padded", spans)):
+            old = kwargs.get(key)
+            if isinstance(old, torch.Tensor):
+                new = torch.where(value >= 0, value, torch.full_like(value, THD_SENTINEL))
+                updates[key] = new.to(device=old.device, dtype=old.dtype).reshape((*old.shape[:-1], -1))
     return updates
 
 
@@ -956,6 +1094,7 @@ def _rows(b: PuzzletronBatch, start: int, stop: int) -> PuzzletronBatch:
     seq_ids = _packed_seq_ids(b, "row split")
     sliced = {path: t.narrow(dim, start, stop - start) for path, (t, dim) in _batch_axis_tensors(b).items()}
     kwargs_updates, seq_updates = _media_slices(b, start, stop)
+    kwargs_updates.update({key: value[start:stop] for key, value in _per_row_sequences(b).items()})
     if seq_ids is not None:
         ids, canon_seq, canon_kwargs = _canonical_updates(b, seq_ids[start:stop], "row split")
         sliced[("seq", "seq_ids")] = ids
@@ -1013,11 +1152,7 @@ def _dp_slice_packed_row(b: PuzzletronBatch, dp_rank: int, dp_size: int) -> Puzz
     seq_idx = b.model_kwargs.get("seq_idx")
     if isinstance(seq_idx, torch.Tensor):
         kwargs_updates["seq_idx"] = new_ids.to(dtype=seq_idx.dtype, device=seq_idx.device)
-    for key in ROW_KWARGS:
-        if isinstance(b.model_kwargs.get(key), torch.Tensor):
-            raise BatchValidationError(
-                f"dp_slice: cannot rebuild THD model_kwargs[{key!r}] for a sample range"
-            )
+    kwargs_updates.update(_token_layout_updates(b, new_ids, "dp_slice"))
     sample_id = b.sample_ids[0] if b.sample_ids else "packed-row"
     return _assemble(
         b,

@@ -35,6 +35,7 @@ from puzzletron.dataset.batch import (
     _cu_kwarg_updates,
     _Path,
     _sequence_axis_tensors,
+    _token_layout_updates,
 )
 from puzzletron.dataset.errors import BatchValidationError
 
@@ -190,10 +191,13 @@ def gather_cp_partitions(
         tensors[("seq", "seq_ids")] = joined.index_select(1, inv.to(joined.device))
     cu = first.sequence.global_cu_seqlens
     global_max = _segments.max_segment_length(cu) if cu is not None else None
+    kwargs_updates = _cu_kwarg_updates(first, cu, global_max, "gather_cp_partitions")
+    restored_ids = tensors.get(("seq", "seq_ids"))
+    kwargs_updates.update(_token_layout_updates(first, restored_ids, "gather_cp_partitions"))
     restored = _assemble(
         first,
         tensors,
-        kwargs_updates=_cu_kwarg_updates(first, cu, global_max, "gather_cp_partitions"),
+        kwargs_updates=kwargs_updates,
         sequence_updates={"local_cu_seqlens": None, "max_seqlen": global_max, "cp_rank": 0, "cp_size": 1},
     )
     # Re-run the public constructor: the rebuilt batch is checked against every rule of the contract.
