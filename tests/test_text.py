@@ -9,8 +9,12 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from puzzletron.dataset.batch import DataLayout, PuzzletronBatch
+from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
 from puzzletron.dataset.text import (
     assistant_token_mask,
+    build_batches,
+    load_text_split,
     load_tokenizer,
     shift_labels,
     tokenize_conversation,
@@ -134,3 +138,114 @@ def test_tokenising_a_snapshot_never_writes_into_it(tokenizer_dir: Path, puzzle_
     result = tokenize_conversations(rows, tokenizer=tokenizer_dir, num_proc=2, batch_size=8)
     assert len(result.samples) + result.skipped == 40
     assert sorted((p.relative_to(snapshot), p.stat().st_size) for p in snapshot.rglob("*")) == before
+
+
+# ------------------------------------------------------------------ snapshot + tokenizer + spec -> batches
+
+# Two tiny conversations and their tokens under the fixture tokenizer (hand-checked against its vocab):
+#   a: <|im_start|> user \n H i <|im_end|> \n <|im_start|> as sis tant \n Y es <|im_end|> \n     16 tokens
+#   b: <|im_start|> user \n N o <|im_end|> \n <|im_start|> as sis tant \n O <|im_end|> \n        15 tokens
+ROWS = [
+    {"uuid": "a", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes"}]},
+    {"uuid": "b", "messages": [{"role": "user", "content": "No"}, {"role": "assistant", "content": "O"}]},
+]
+IDS_A = [1, 401, 205, 46, 79, 2, 205, 1, 352, 312, 335, 205, 63, 291, 2, 205]
+IDS_B = [1, 401, 205, 52, 85, 2, 205, 1, 352, 312, 335, 205, 53, 2, 205]
+X = -100
+# labels[t] is the target of input_ids[t]: the assistant reply and its <|im_end|>, nothing else.
+LABELS_A = [X] * 11 + [63, 291, 2, X, X]  # "\n" -> Y, Y -> es, es -> <|im_end|>
+LABELS_B = [X] * 11 + [53, 2, X, X]  # "\n" -> O, O -> <|im_end|>
+
+
+def _only_batch(batches) -> PuzzletronBatch:
+    (batch,) = list(batches)
+    return batch
+
+
+def test_tokenised_labels_golden(tokenizer_dir: Path):
+    for row, ids, labels in ((ROWS[0], IDS_A, LABELS_A), (ROWS[1], IDS_B, LABELS_B)):
+        got_ids, got_labels = tokenize_conversation(row["messages"], tokenizer_dir)
+        assert got_ids.tolist() == ids and got_labels.tolist() == labels
+
+
+def test_build_batches_packed_golden_labels_never_cross_the_document_boundary(tokenizer_dir: Path):
+    spec = PuzzletronDataSpec("text", "packed_varlen", 40, PackingSpec(pack_size=40))
+    batches = build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1, shuffle=False)
+    assert batches.plan is not None and batches.plan.rows == ((0, 1),) and len(batches) == 1
+    batch = _only_batch(batches)
+    assert batch.layout is DataLayout.PACKED_VARLEN
+    assert batch.input_ids.tolist() == [IDS_A + IDS_B + [0] * 9]
+    # Position 15 is the last token of a ("\n"); the next token, position 16, is b's <|im_start|>. Its
+    # label is -100: a document never predicts the next one.
+    expected = [X] * 11 + [63, 291, 2, X, X] + [X] * 11 + [53, 2, X, X] + [X] * 9
+    assert batch.labels.tolist() == [expected]
+    assert batch.sequence.seq_ids.tolist() == [[0] * 16 + [1] * 15 + [-1] * 9]
+    assert batch.sequence.global_cu_seqlens.tolist() == [0, 16, 31]
+    assert batch.model_kwargs["position_ids"].tolist() == [list(range(16)) + list(range(15)) + [0] * 9]
+    assert batch.sample_ids == ("a|b",)
+
+
+@pytest.mark.parametrize(("multiple", "width"), [(1, 16), (12, 24)])
+def test_build_batches_padded_golden(tokenizer_dir: Path, multiple: int, width: int):
+    spec = PuzzletronDataSpec("text", "padded_varlen", 64)
+    batches = build_batches(
+        ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=2, shuffle=False, pad_to_multiple_of=multiple
+    )
+    batch = _only_batch(batches)
+    assert batch.layout is DataLayout.PADDED_VARLEN
+    assert batch.input_ids.tolist() == [IDS_A + [0] * (width - 16), IDS_B + [0] * (width - 15)]
+    assert batch.labels.tolist() == [LABELS_A + [X] * (width - 16), LABELS_B + [X] * (width - 15)]
+    assert batch.model_kwargs["attention_mask"].tolist() == [
+        [1] * 16 + [0] * (width - 16),
+        [1] * 15 + [0] * (width - 15),
+    ]
+    assert batch.sample_ids == ("a", "b")
+
+
+def test_build_batches_fixed_golden_truncates_and_pads_to_max_sample_length(tokenizer_dir: Path):
+    short = _only_batch(
+        build_batches(
+            ROWS,
+            tokenizer=tokenizer_dir,
+            spec=PuzzletronDataSpec("text", "fixed", 12),
+            batch_size=2,
+            shuffle=False,
+        )
+    )
+    assert short.layout is DataLayout.FIXED
+    assert short.input_ids.tolist() == [IDS_A[:12], IDS_B[:12]]
+    # Truncated: the kept tokens keep their true targets (the "\n" before the reply still predicts it).
+    assert short.labels.tolist() == [[X] * 11 + [63], [X] * 11 + [53]]
+    long = _only_batch(
+        build_batches(
+            ROWS,
+            tokenizer=tokenizer_dir,
+            spec=PuzzletronDataSpec("text", "fixed", 18),
+            batch_size=2,
+            shuffle=False,
+        )
+    )
+    assert long.input_ids.tolist() == [[*IDS_A, 0, 0], [*IDS_B, 0, 0, 0]]
+    assert long.labels.tolist() == [[*LABELS_A, X, X], [*LABELS_B, X, X, X]]
+
+
+def test_build_batches_deals_to_dp_ranks_and_reads_a_snapshot_folder(tokenizer_dir: Path, tmp_path: Path):
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "snap" / "train"))
+    spec = PuzzletronDataSpec("text", "fixed", 16)
+    ranks = [
+        build_batches(
+            tmp_path / "snap", tokenizer=tokenizer_dir, spec=spec, batch_size=1, dp_rank=r, dp_size=2, seed=3
+        )
+        for r in range(2)
+    ]
+    assert sorted(b.sample_ids[0] for r in ranks for b in r) == ["a", "b"]
+    assert [b.fingerprint for b in ranks[0].loader(num_workers=0)] == [b.fingerprint for b in ranks[0]]
+    assert len(load_text_split(tmp_path / "snap")) == 2
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_text_split(tmp_path / "missing")
+
+
+def test_build_batches_rejects_a_multimodal_spec(tokenizer_dir: Path):
+    spec = PuzzletronDataSpec("multimodal", "fixed", 16)
+    with pytest.raises(ValueError, match=r"data\.modality is multimodal"):
+        build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1)

@@ -235,7 +235,8 @@ class PackedBatches(torch.utils.data.Dataset):
     """Map-style dataset: `BatchKey` -> `PuzzletronBatch` of that key's items.
 
     With ``plan`` the items are the plan's rows (packs, ``packed_varlen``); without it they are samples (one
-    per row, ``padded_varlen`` or ``fixed``). A padding slot becomes a fully masked row. The batch's
+    per row, ``padded_varlen`` or ``fixed``; ``pad_to_multiple_of`` rounds the padded width up, see
+    `build_batch`). A padding slot becomes a fully masked row. The batch's
     ``source_metadata`` records ``epoch``, ``step``, ``dp_rank``, ``padding`` and the ``items``.
 
     Batches pickle exactly, so DataLoader worker processes return them as they are: use
@@ -247,12 +248,14 @@ class PackedBatches(torch.utils.data.Dataset):
     spec: PuzzletronDataSpec
     plan: PackingPlan | None = None
     pad_token_id: int = 0
+    pad_to_multiple_of: int = 1
     source_metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.plan.num_rows if self.plan is not None else len(self.samples)
 
     def rows(self, key: BatchKey) -> list[Sequence[int]]:
+        """The sample indices of each row of ``key``'s batch (``()`` for a padding slot)."""
         if self.plan is not None:
             return [self.plan.row(i) if i >= 0 else () for i in key.indices]
         return [(i,) if i >= 0 else () for i in key.indices]
@@ -269,5 +272,10 @@ class PackedBatches(torch.utils.data.Dataset):
             "items": list(key.indices),
         }
         return build_batch(
-            self.samples, self.rows(key), spec=self.spec, pad_token_id=self.pad_token_id, source_metadata=meta
+            self.samples,
+            self.rows(key),
+            spec=self.spec,
+            pad_token_id=self.pad_token_id,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            source_metadata=meta,
         )
