@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from puzzletron.dataset import (
     materialize_nemotron_vlm_dataset,
     materialize_puzzle_kd_dataset,
 )
+from puzzletron.dataset.acquisition import verify_text_snapshot
 from puzzletron.dataset.errors import AcquisitionError, ConfigError
 from puzzletron.fixtures.faults import FaultProxy
 from puzzletron.fixtures.hub import (
@@ -177,14 +180,20 @@ def test_puzzle_kd_other_seed_other_rows_same_seed_same_bytes(
     )
 
 
-def test_puzzle_kd_downloads_only_the_shards_it_needs(fresh_hf_home: Path, tmp_path: Path) -> None:
-    materialize_puzzle_kd_dataset(
-        TextAcquisitionSpec(output_dir=tmp_path / "s", train_samples=100, validation_samples=10)
-    )
-    shards = [f for f in _cached_files(fresh_hf_home, PUZZLE_KD) if f.endswith(".parquet")]
+def test_puzzle_kd_downloads_only_the_shards_it_needs(
+    hub_endpoint: str, fresh_hf_home: Path, tmp_path: Path, monkeypatch
+) -> None:
+    with FaultProxy(hub_endpoint) as proxy:  # pass-through: counts the requests that reach the mirror
+        monkeypatch.setenv("HF_ENDPOINT", proxy.endpoint)
+        materialize_puzzle_kd_dataset(
+            TextAcquisitionSpec(output_dir=tmp_path / "s", train_samples=100, validation_samples=10)
+        )
     # 750 rows per train shard, 200 per validation shard: one of each suffices (4 + 2 exist)
-    assert len([s for s in shards if "train-" in s]) == 1
-    assert len([s for s in shards if "validation-" in s]) == 1
+    fetched = proxy.downloads(".parquet")
+    assert len(fetched) == 2, fetched
+    assert fetched[0].startswith("data/train-") and fetched[1].startswith("data/validation-")
+    shards = [f for f in _cached_files(fresh_hf_home, PUZZLE_KD) if f.endswith(".parquet")]
+    assert sorted(shards) == sorted(fetched)
 
 
 def test_puzzle_kd_shortfall_names_k_of_n_and_publishes_nothing(hub_endpoint: str, tmp_path: Path) -> None:
@@ -205,7 +214,9 @@ def test_puzzle_kd_rerun_reuses_without_any_request(
     with serve_hub(fixture_hub.root) as endpoint:
         monkeypatch.setenv("HF_ENDPOINT", endpoint)
         first = materialize_puzzle_kd_dataset(spec)
-    # the mirror is down now: revision=None reuses the pinned revision with no network at all
+    with pytest.raises(urllib.error.URLError):  # the mirror process is gone: nothing answers any more
+        urllib.request.urlopen(f"{endpoint}/api/whoami-v2", timeout=2)
+    # revision=None reuses the pinned revision with no network at all
     assert materialize_puzzle_kd_dataset(spec) == first
     with pytest.raises(ValueError, match="does not match requested acquisition"):
         materialize_puzzle_kd_dataset(
@@ -384,15 +395,20 @@ def test_nemotron_images_are_joined_by_exact_member_name(
 
 
 def test_nemotron_downloads_only_needed_shards_and_asks_each_subset_for_its_quota(
-    fresh_hf_home: Path, tmp_path: Path
+    hub_endpoint: str, fresh_hf_home: Path, tmp_path: Path, monkeypatch
 ) -> None:
     spec = VlmAcquisitionSpec(output_dir=tmp_path / "small", num_samples=9, max_shards_per_subset=3)
-    manifest = materialize_nemotron_vlm_dataset(spec)
+    with FaultProxy(hub_endpoint) as proxy:  # pass-through: counts the requests that reach the mirror
+        monkeypatch.setenv("HF_ENDPOINT", proxy.endpoint)
+        manifest = materialize_nemotron_vlm_dataset(spec)
     assert manifest["diagnostics"]["materialized_rows"] == {"sparsetables": 3, "plotqa_cot": 3, "wiki_en": 3}
-    cached = _cached_files(fresh_hf_home, NEMOTRON_VLM)
-    tars = [f for f in cached if f.endswith(".tar")]
     # 3 shards of 12 images per subset; 3 rows need one shard each, never the others; no JSONL-only subset
-    assert sorted(t.split("/")[0] for t in tars) == sorted(VLM_SUBSETS)
+    tars = proxy.downloads(".tar")
+    assert sorted(t.split("/")[0] for t in tars) == sorted(VLM_SUBSETS), tars
+    assert sorted(proxy.downloads(".jsonl")) == sorted(f"{s}/{s}.jsonl" for s in VLM_SUBSETS)
+    assert len(proxy.downloads()) == 6  # nothing else: no index, no README
+    cached = _cached_files(fresh_hf_home, NEMOTRON_VLM)
+    assert sorted(f for f in cached if f.endswith(".tar")) == sorted(tars)
     assert not any(f.startswith("chartqa_cot") for f in cached)
 
 
@@ -491,6 +507,26 @@ def test_intersyn_keeps_the_first_valid_rows_per_source(intersyn, fixture_hub: F
     assert all(s["image_count"] >= 2 for s in samples if s["source"]["dataset"] == INTERSYN_MULTI)
 
 
+def test_intersyn_images_are_stored_as_the_source_bytes(intersyn, fixture_hub: FixtureHub) -> None:
+    """The parquet ``{bytes, path}`` structs are read as they are (never decoded to PIL and re-encoded)."""
+    out, _, manifest = intersyn
+    source: dict[tuple[str, int], bytes] = {}
+    for repo_id in (INTERSYN_SINGLE, INTERSYN_MULTI):
+        for shard in sorted((fixture_hub.repo_dir(repo_id) / "data").glob("*.parquet")):
+            for row in pq.read_table(shard).to_pylist():
+                images = [row["image"]] if "image" in row else [row[f"image{g}"] for g in range(1, 6)]
+                for k, image in enumerate(i for i in images if i is not None):
+                    source[(row["id"], k)] = image["bytes"]
+    formats = set()
+    for record in manifest["images"]:
+        data = source[(record["row_id"], record["image_index"])]
+        stored = (out / record["path"]).read_bytes()
+        assert hashlib.sha256(stored).hexdigest() == hashlib.sha256(data).hexdigest() == record["sha256"]
+        formats.add(record["path"].rsplit(".", 1)[1])
+    assert formats == {"png", "jpg"}  # JPEG stays JPEG
+    assert len(manifest["images"]) >= 24
+
+
 def test_intersyn_reuse_and_other_rows_per_source(intersyn, tmp_path: Path) -> None:
     out, pins, manifest = intersyn
     assert materialize_intersyn_subset(out, **pins) == manifest
@@ -510,6 +546,62 @@ def test_puzzle_kd_reuse_checks_the_split_files_are_there(hub_endpoint: str, tmp
     next((tmp_path / "s" / "validation").glob("*.arrow")).unlink()
     with pytest.raises(ValueError, match="incomplete Puzzle-KD snapshot"):
         materialize_puzzle_kd_dataset(spec)
+
+
+def test_puzzle_kd_manifest_lists_every_file_and_verify_checks_them(
+    hub_endpoint: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "s"
+    spec = TextAcquisitionSpec(output_dir=out, train_samples=20, validation_samples=7)
+    manifest = materialize_puzzle_kd_dataset(spec)
+    files = {r["path"]: r for r in manifest["files"]}
+    assert list(files) == [
+        "dataset_dict.json",
+        "train/data-00000-of-00001.arrow",
+        "train/dataset_info.json",
+        "train/state.json",
+        "validation/data-00000-of-00001.arrow",
+        "validation/dataset_info.json",
+        "validation/state.json",
+    ]
+    for rel, record in files.items():
+        data = (out / rel).read_bytes()
+        assert record == {"path": rel, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    report = verify_text_snapshot(out)
+    assert report.ok and report.problems == ()
+    assert (report.sample_count, report.image_count, report.path) == (27, 0, str(out))
+
+    # one changed byte of a value, same size: reuse (sizes only) accepts it, verify names the file
+    arrow = out / "train" / "data-00000-of-00001.arrow"
+    data = arrow.read_bytes()
+    uuid = datasets.load_from_disk(str(out))["train"][0]["uuid"].encode()
+    at = data.index(uuid)
+    arrow.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1 :])
+    assert materialize_puzzle_kd_dataset(spec) == manifest
+    assert verify_text_snapshot(out).problems == (
+        f"{out}: train/data-00000-of-00001.arrow: SHA-256 differs from the manifest",
+    )
+    arrow.write_bytes(data)
+
+    # a row count that disagrees with the manifest
+    text = (out / "manifest.json").read_text()
+    (out / "manifest.json").write_text(text.replace('"train": 20', '"train": 21'))
+    assert verify_text_snapshot(out).problems == (f"{out}: split 'train' has 20 rows, the manifest says 21",)
+    (out / "manifest.json").write_text(text)
+
+    # a truncated file: reuse refuses it, verify reports its size
+    validation = out / "validation" / "data-00000-of-00001.arrow"
+    size = validation.stat().st_size
+    validation.write_bytes(validation.read_bytes()[:100])
+    with pytest.raises(
+        ValueError,
+        match=r"incomplete Puzzle-KD snapshot: .*validation/data-00000-of-00001.arrow has 100 bytes",
+    ):
+        materialize_puzzle_kd_dataset(spec)
+    problems = verify_text_snapshot(out).problems
+    assert f"{out}: validation/data-00000-of-00001.arrow has 100 bytes, the manifest says {size}" in problems
+    assert any("split 'validation'" in p for p in problems)
+    assert not verify_text_snapshot(tmp_path).ok  # no manifest at all
 
 
 # ---------------------------------------------------------------------------------------------- faults
@@ -543,15 +635,39 @@ def test_unknown_revision_is_a_clear_error(hub_endpoint: str, tmp_path: Path) ->
     assert list(tmp_path.iterdir()) == []
 
 
-def test_gated_repository_says_to_set_hf_token(hub_endpoint: str, tmp_path: Path, monkeypatch) -> None:
-    with FaultProxy(hub_endpoint, mode="gated") as proxy:
+@pytest.mark.parametrize("status", [401, 403])
+def test_gated_repository_says_to_set_hf_token_and_a_rerun_succeeds(
+    hub_endpoint: str, tmp_path: Path, monkeypatch, status: int
+) -> None:
+    spec = VlmAcquisitionSpec(output_dir=tmp_path / "g", num_samples=3)
+    with FaultProxy(hub_endpoint, mode="gated", gated_status=status) as proxy:
         monkeypatch.setenv("HF_ENDPOINT", proxy.endpoint)
         with pytest.raises(AcquisitionError) as info:
-            materialize_nemotron_vlm_dataset(VlmAcquisitionSpec(output_dir=tmp_path / "g", num_samples=3))
-        assert proxy.requests  # it did ask, and got 403
-    message = str(info.value)
-    assert "HF_TOKEN" in message and NEMOTRON_VLM in message and "403" in message
-    assert not (tmp_path / "g").exists()
+            materialize_nemotron_vlm_dataset(spec)
+        assert proxy.requests  # it did ask, and got 401/403
+        message = str(info.value)
+        assert "HF_TOKEN" in message and f"{NEMOTRON_VLM}@main" in message and str(status) in message
+        assert list(tmp_path.iterdir()) == []  # nothing published, no debris
+        proxy.mode = "pass"  # access granted
+        assert materialize_nemotron_vlm_dataset(spec)["sample_count"] == 3
+
+
+def test_mirror_dropping_mid_tar_download_fails_cleanly_and_a_rerun_succeeds(
+    hub_endpoint: str, fixture_hub: FixtureHub, fresh_hf_home: Path, tmp_path: Path, monkeypatch
+) -> None:
+    out = tmp_path / "vlm"
+    spec = VlmAcquisitionSpec(output_dir=out, subsets=("plotqa_cot",), num_samples=2)
+    with FaultProxy(hub_endpoint, mode="drop", drop_pattern=".tar") as proxy:
+        monkeypatch.setenv("HF_ENDPOINT", proxy.endpoint)
+        with pytest.raises(AcquisitionError) as info:
+            materialize_nemotron_vlm_dataset(spec)
+        message = str(info.value)
+        pinned = fixture_hub.shas[NEMOTRON_VLM]
+        assert f"{NEMOTRON_VLM}@{pinned}" in message and "plotqa_cot/media/" in message and "rerun" in message
+        assert proxy.downloads(".jsonl") == ["plotqa_cot/plotqa_cot.jsonl"]  # it failed on the tar shard
+        assert [p.name for p in tmp_path.iterdir()] == ["hf-home"]  # nothing published, no debris
+        proxy.mode = "pass"
+        assert materialize_nemotron_vlm_dataset(spec)["sample_count"] == 2
 
 
 def test_mirror_dropping_mid_download_fails_cleanly_and_a_rerun_succeeds(

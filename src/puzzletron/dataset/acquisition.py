@@ -43,6 +43,11 @@ from puzzletron.dataset.conversation import (
     normalize_nemotron_vlm_sample,
 )
 from puzzletron.dataset.errors import AcquisitionError, ConfigError, ConversationError, SubsetError
+from puzzletron.dataset.subset import (
+    VerifyReport,
+    materialize_normalized_conversation_samples,
+    read_manifest,
+)
 
 __all__ = [
     "INTERSYN_MULTI_REVISION",
@@ -58,6 +63,7 @@ __all__ = [
     "materialize_nemotron_vlm_dataset",
     "materialize_puzzle_kd_dataset",
     "redistribute_deficit",
+    "verify_text_snapshot",
 ]
 
 logger = logging.getLogger(__name__)
@@ -341,19 +347,109 @@ def _loader_table(
     return pa.Table.from_pylist(rows)
 
 
+def _file_records(root: Path) -> list[dict[str, Any]]:
+    """``[{path, bytes, sha256}]`` of every file under `root` but the manifest, sorted by path (POSIX)."""
+    records = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
+        rel = path.relative_to(root).as_posix()
+        records.append({"path": rel, "bytes": path.stat().st_size, "sha256": _sha256_file(path)})
+    return records
+
+
+def _recorded_file(root: Path, record: Any) -> tuple[Path | None, str | None]:
+    """The local path of one manifest file record, or a problem: malformed, outside `root`, missing or
+    of another size. Cheap (no hashing): what reuse checks."""
+    if not isinstance(record, Mapping) or not isinstance(record.get("path"), str):
+        return None, f"{root / MANIFEST_NAME}: file record {record!r}; expected {{path, bytes, sha256}}"
+    rel = record["path"]
+    if rel.startswith("/") or ".." in rel.split("/"):
+        return None, f"{root / MANIFEST_NAME}: file path {rel!r} leaves the snapshot"
+    path = root / rel
+    if not path.is_file():
+        return None, f"{root}: {rel} is missing"
+    size = path.stat().st_size
+    if size != record.get("bytes"):
+        return None, f"{root}: {rel} has {size} bytes, the manifest says {record.get('bytes')}"
+    return path, None
+
+
+def _split_files(root: Path, split: str) -> list[Path]:
+    """The Arrow data files `datasets` listed in ``<split>/state.json``."""
+    state = root / split / "state.json"
+    try:
+        return [root / split / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{state} is missing or unreadable ({exc})") from exc
+
+
 def _check_complete_puzzle_kd(out: Path, manifest: Mapping[str, Any]) -> None:
-    """Raise unless every split the manifest lists is on disk with its data files."""
-    for split in manifest.get("splits") or {}:
-        state = out / split / "state.json"
+    """Raise unless every file the manifest lists is there with its size (snapshots written before the
+    manifest listed files: every split's data files are there)."""
+    problems = []
+    if "files" in manifest:
+        for record in manifest["files"] or ():
+            problems.append(_recorded_file(out, record)[1])
+    else:
+        for split in manifest.get("splits") or {}:
+            try:
+                problems += [f"{f} is missing" for f in _split_files(out, split) if not f.is_file()]
+            except ValueError as exc:
+                problems.append(str(exc))
+    problems = [p for p in problems if p]
+    if problems:
+        raise ValueError(f"{out}: incomplete Puzzle-KD snapshot: {'; '.join(problems[:5])}")
+
+
+def _arrow_rows(path: Path) -> int:
+    """Rows in one `datasets` Arrow file (an Arrow IPC stream), reading every record batch."""
+    with pa.memory_map(str(path)) as source:
+        return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
+
+
+def verify_text_snapshot(path: str | Path) -> VerifyReport:
+    """Check a Puzzle-KD snapshot against its manifest: every file's size and SHA-256, and every split's
+    row count (read from its Arrow files).
+
+    Reads every byte; reports every problem (not just the first). ``sample_count`` is the rows found
+    over all splits, ``image_count`` is 0 (a text snapshot). Never raises for a damaged snapshot.
+    """
+    root = Path(path).absolute()
+    try:
+        manifest = json.loads((root / MANIFEST_NAME).read_text())
+    except (OSError, ValueError) as exc:
+        return VerifyReport(str(root), 0, 0, (f"{root / MANIFEST_NAME}: unreadable ({exc})",))
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
+        return VerifyReport(str(root), 0, 0, (f"{root / MANIFEST_NAME}: not a Puzzle-KD snapshot manifest",))
+    problems: list[str] = []
+    if "files" not in manifest:
+        problems.append(
+            f"{root / MANIFEST_NAME}: lists no files (written by an older version); rematerialise"
+        )
+    for record in manifest.get("files") or ():
+        local, problem = _recorded_file(root, record)
+        if problem:
+            problems.append(problem)
+        elif _sha256_file(local) != record.get("sha256"):  # type: ignore[arg-type]
+            problems.append(f"{root}: {record['path']}: SHA-256 differs from the manifest")
+    rows = 0
+    for split, expected in manifest["splits"].items():
         try:
-            files = [f["filename"] for f in json.loads(state.read_text())["_data_files"]]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ValueError(
-                f"{out}: incomplete Puzzle-KD snapshot: {state} is missing or unreadable ({exc})"
-            ) from exc
-        missing = [f for f in files if not (out / split / f).is_file()]
-        if missing:
-            raise ValueError(f"{out}: incomplete Puzzle-KD snapshot: split {split!r} lacks {missing}")
+            found = sum(_arrow_rows(f) for f in _split_files(root, split))
+        except (ValueError, OSError, pa.ArrowException) as exc:
+            problems.append(f"{root}: split {split!r} unreadable: {exc}")
+            continue
+        rows += found
+        if found != expected:
+            problems.append(f"{root}: split {split!r} has {found} rows, the manifest says {expected}")
+    return VerifyReport(str(root), rows, 0, tuple(problems))
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _fingerprint(identity: Mapping[str, Any], split: str) -> str:
@@ -371,9 +467,12 @@ def materialize_puzzle_kd_dataset(
 
     Writes ``output_dir/{train,validation}/`` (``datasets.save_to_disk``; ``datasets.load_from_disk``
     reads it back as a ``DatasetDict``) and ``output_dir/manifest.json`` =
-    ``{version, acquisition, splits: {train: N, validation: M}}``; returns the manifest. ``train`` is
-    shuffled with ``seed``, ``validation`` with ``seed + 1``. `dataset_loader(source, *, split, revision,
-    seed)` may replace the Hub reader; it yields row mappings already in the order to keep.
+    ``{version, acquisition, splits: {train: N, validation: M}, files: [{path, bytes, sha256}, ...]}``
+    (every file of the ``save_to_disk`` output, sorted by path); returns the manifest. Reuse checks
+    that the listed files are there with their sizes; `verify_text_snapshot` checks every SHA-256.
+    ``train`` is shuffled with ``seed``, ``validation`` with ``seed + 1``. `dataset_loader(source, *,
+    split, revision, seed)` may replace the Hub reader; it yields row mappings already in the order to
+    keep.
     """
     out = Path(spec.output_dir)
     manifest_path = out / MANIFEST_NAME
@@ -424,6 +523,7 @@ def materialize_puzzle_kd_dataset(
                 "version": FORMAT_VERSION,
                 "acquisition": identity,
                 "splits": {name: len(ds) for name, ds in splits.items()},
+                "files": _file_records(tmp),
             }
             (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     logger.info("published Puzzle-KD snapshot %s@%s at %s", spec.source, revision, out)
@@ -620,8 +720,6 @@ class _RoundRobin:
 def _subset_acquisition(out: Path) -> dict[str, Any] | None:
     """The recorded acquisition of the complete conversation subset at `out`; None where there is nothing
     (absent or empty directory); `SubsetError` for a non-empty directory without a complete subset."""
-    from puzzletron.dataset.subset import read_manifest
-
     if not _nonempty(out):
         return None
     try:
@@ -646,8 +744,6 @@ def materialize_nemotron_vlm_dataset(
     subset manifest, whose ``diagnostics`` hold ``rejected_rows, requested_quotas, materialized_rows,
     redistributed_rows``.
     """
-    from puzzletron.dataset.subset import materialize_normalized_conversation_samples
-
     out = Path(spec.output_dir)
     recorded = _subset_acquisition(out)
     if recorded is not None:  # a complete subset is there: no network unless a revision must be resolved
@@ -749,8 +845,6 @@ def materialize_intersyn_subset(
     revisions) is never returned: that is a ``ValueError``. `dataset_loader(source, *, split, revision)`
     may replace the Hub reader.
     """
-    from puzzletron.dataset.subset import materialize_normalized_conversation_samples
-
     _positive_int("materialize_intersyn_subset", "rows_per_source", rows_per_source)
     sources = [
         (single_turn_source, "train", single_turn_revision, normalize_intersyn_single),
