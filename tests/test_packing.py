@@ -97,14 +97,10 @@ def test_chat_lengths_pack_at_995_percent_within_one_row_of_the_bound_per_10k(se
     assert plan.num_rows - plan.lower_bound_rows <= 1
 
 
-def test_a_million_lengths_plan_well_within_two_seconds_budget():
-    import time
-
-    lengths = _chat_lengths(1_000_000, seed=0)
-    start = time.perf_counter()
-    plan = plan_packing(lengths, PackingSpec(pack_size=4096))
-    elapsed = time.perf_counter() - start
-    assert elapsed < 2.0, f"planning 1M lengths took {elapsed:.2f} s"
+def test_a_million_chat_lengths_stay_within_one_row_of_the_bound_per_10k():
+    # Behaviour only; the < 2 s planning time is measured in benchmarks/bench_packing.py.
+    plan = plan_packing(_chat_lengths(1_000_000, seed=0), PackingSpec(pack_size=4096))
+    assert plan.efficiency >= 0.995
     assert plan.num_rows - plan.lower_bound_rows <= 100  # one row per 10k samples
 
 
@@ -139,6 +135,24 @@ def test_estimated_lengths_are_planned_to_the_packing_ratio_capacity():
     # 85 > 80 but <= pack_size: a row of its own; every other row is filled to at most 80.
     assert (3,) in estimated.rows
     assert all(n <= 80 for row, n in zip(estimated.rows, estimated.row_lengths, strict=True) if row != (3,))
+
+
+def test_packing_ratio_golden_exact_lengths_fill_to_pack_size_estimated_to_the_ratio():
+    spec = PackingSpec(pack_size=100, packing_ratio=0.8)
+    lengths = [50, 30, 20, 85, 10]
+    # Exact (text): BFD to 100: 85 | 50 | 30 joins 50 (20 left) | 20 joins it (0) | 10 joins 85 (5 left).
+    assert sorted(plan_packing(lengths, spec).rows) == [(0, 1, 2), (3, 4)]
+    # Estimated (VLM): BFD to 80: 85 alone | 50 | 30 joins 50 (0 left) | 20 | 10 joins 20.
+    assert sorted(plan_packing(lengths, spec, estimated=True).rows) == [(0, 1), (2, 4), (3,)]
+
+
+def test_estimated_lengths_over_pack_size_are_still_dropped_or_raise():
+    lengths = [120, 50, 90]
+    plan = plan_packing(lengths, PackingSpec(pack_size=100, packing_ratio=0.5), estimated=True)
+    assert plan.dropped == (0,) and plan.dropped_tokens == 120 and sorted(plan.rows) == [(1,), (2,)]
+    strict = PackingSpec(pack_size=100, packing_ratio=0.5, drop_long_samples=False)
+    with pytest.raises(PackingError, match=r"sample 0 \('big'\) has 120 tokens > pack_size 100"):
+        plan_packing(lengths, strict, estimated=True, sample_ids=["big", "mid", "high"])
 
 
 def test_empty_input_gives_an_empty_plan():
