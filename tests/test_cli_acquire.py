@@ -128,3 +128,47 @@ def test_hub_fixtures_then_serve_in_a_subprocess(tmp_path: Path, capsys: pytest.
         os.kill(process.pid, signal.SIGTERM)
         code = process.wait(timeout=30)
     assert code == 0
+
+
+def _run_on_a_terminal(argv: list[str]) -> tuple[int, str, str]:
+    """Run the CLI in a child whose stderr is a pseudo-terminal; return (exit code, stdout, stderr)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    # a new pseudo-terminal is 0 columns wide, where tqdm draws empty bars: give it a real size
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "puzzletron.cli", *argv], stdout=subprocess.PIPE, stderr=slave, text=True
+    )
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(master)
+    out = child.stdout.read()  # type: ignore[union-attr]
+    return child.wait(timeout=60), out, err.decode(errors="replace")
+
+
+def test_progress_bars_only_on_a_terminal_and_never_with_quiet(
+    hub_endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["materialize", "puzzle-kd", "--train-samples", "40", "--validation-samples", "6"]
+    code, out, err = _run_on_a_terminal([*argv, "--output", str(tmp_path / "tty")])
+    assert code == 0 and json.loads(out)["status"] == "done"
+    assert "train: 100%" in err and "40/40" in err and "validation: 100%" in err  # tqdm bars on stderr
+    code, out, err = _run_on_a_terminal([*argv, "--output", str(tmp_path / "quiet"), "--quiet"])
+    assert code == 0 and json.loads(out)["status"] == "done"
+    assert "%|" not in err and "train" not in err
+    # stderr captured (not a terminal): no bars either, and stdout holds the one JSON line only
+    assert main([*argv, "--output", str(tmp_path / "pipe")]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["status"] == "done" and "%|" not in captured.err
