@@ -116,3 +116,34 @@ def test_unsupported_value_type_is_an_error():
 
 def test_extension_for_known_formats():
     assert [extension_for(f) for f in ("JPEG", "PNG", "WEBP", "BMP")] == [".jpg", ".png", ".webp", ".bmp"]
+
+
+def test_an_encoded_image_passes_through_without_decoding_again(monkeypatch):
+    encoded = encode_image(jpeg_bytes(4, (40, 30)))
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("an EncodedImage must not be decoded again")
+
+    monkeypatch.setattr(Image, "open", no_decoding)
+    assert encode_image(encoded, where="row 'r6' image 0") is encoded
+    assert (encoded.format, encoded.width, encoded.height) == ("JPEG", 40, 30)
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        ({"sha256": "0" * 64}, r"EncodedImage\.sha256 does not match its data"),
+        ({"data": b""}, r"EncodedImage\.data must be non-empty bytes"),
+        ({"width": 0}, r"EncodedImage\.width must be a positive integer, got 0"),
+        ({"height": True}, r"EncodedImage\.height must be a positive integer, got True"),
+        ({"format": ""}, r"EncodedImage\.format must be a Pillow format name"),
+    ],
+)
+def test_an_inconsistent_encoded_image_is_an_error_naming_the_field(change, pattern):
+    import dataclasses
+
+    encoded = encode_image(png_bytes(4))
+    if "data" in change:  # keep the hash consistent so that only the emptiness is wrong
+        change = {**change, "sha256": hashlib.sha256(change["data"]).hexdigest()}
+    with pytest.raises(ImageError, match=rf"row 'r7' image 0: {pattern}"):
+        encode_image(dataclasses.replace(encoded, **change), where="row 'r7' image 0")

@@ -1,7 +1,9 @@
 """Decode and validate image values, keeping their encoded bytes; the only module that imports Pillow.
 
-Accepted values: a PIL image, an HF `Image` struct `{"bytes", "path"}` (bytes win), raw bytes, or a local path
-(`str` / `Path`). URLs and the dataset-viewer `{"src": url}` form are errors: nothing here downloads.
+Accepted values: a PIL image, an HF `Image` struct `{"bytes", "path"}` (bytes win), raw bytes, a local path
+(`str` / `Path`), or an `EncodedImage` that `encode_image` already produced (a caller that validated an image
+passes the result on instead of having it decoded twice). URLs and the dataset-viewer `{"src": url}` form are
+errors: nothing here downloads.
 
 Bytes that decode cleanly are kept exactly as they came (a JPEG photo stays a JPEG: re-encoding photos as PNG
 is several times slower and larger). Only values without an encoded form (a PIL image not backed by a file, an
@@ -132,13 +134,38 @@ def _read_local(path: str | Path, where: str) -> bytes:
     return file.read_bytes()
 
 
+def _already_encoded(value: EncodedImage, where: str) -> EncodedImage:
+    """Accept an `EncodedImage` without decoding it again: it was decoded when `encode_image` made it.
+
+    Only the cheap invariants are rechecked (bytes present, SHA-256 of `data`, a positive size), so a value
+    assembled by hand or altered after the fact is an error rather than a silently wrong manifest.
+    """
+    data = value.data
+    if not isinstance(data, bytes) or not data:
+        raise ImageError(f"{where}: EncodedImage.data must be non-empty bytes, got {type(data).__name__}")
+    if hashlib.sha256(data).hexdigest() != value.sha256:
+        raise ImageError(
+            f"{where}: EncodedImage.sha256 does not match its data; pass what encode_image returned"
+        )
+    for name in ("width", "height"):
+        size = getattr(value, name)
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ImageError(f"{where}: EncodedImage.{name} must be a positive integer, got {size!r}")
+    if not isinstance(value.format, str) or not value.format:
+        raise ImageError(f"{where}: EncodedImage.format must be a Pillow format name, got {value.format!r}")
+    return value
+
+
 def encode_image(value: Any, *, where: str = "image") -> EncodedImage:
     """Turn an accepted image value into validated encoded bytes plus its format, size and SHA-256.
 
     `where` names the row and field in every error message (`ImageError`, a `ConversationError`).
     A PIL image opened from a file keeps that file's bytes when they decode to the same format and size
     (an image changed in place after opening would lose the change: pass a copy, which has no file).
+    An `EncodedImage` (this function's own result) is returned as it is, after a hash check, not decoded.
     """
+    if isinstance(value, EncodedImage):
+        return _already_encoded(value, where)
     if isinstance(value, Image.Image):
         filename = getattr(value, "filename", "") or ""
         if filename and Path(filename).is_file() and value.format:
@@ -174,5 +201,5 @@ def encode_image(value: Any, *, where: str = "image") -> EncodedImage:
         return _png(img, where)
     raise ImageError(
         f"{where}: unsupported image value of type {type(value).__name__}; expected a PIL image, "
-        "an {'bytes', 'path'} struct, bytes or a local path"
+        "an {'bytes', 'path'} struct, bytes, a local path or an EncodedImage"
     )
