@@ -119,3 +119,43 @@ def test_locked_is_reentrant_within_a_thread(tmp_path):
         with staging_dir(dest) as tmp:  # still held after the nested exit
             (tmp / "f").write_text("1")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
+
+
+def test_a_failed_run_removes_the_parent_directories_it_created_and_only_those(tmp_path):
+    (tmp_path / "mine").mkdir()
+    dest = tmp_path / "mine" / "a" / "b" / "dest"
+    with pytest.raises(RuntimeError, match="boom"), staging_dir(dest) as tmp:
+        (tmp / "x").write_text("half")
+        raise RuntimeError("boom")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["mine"]  # a/ and b/ were ours; mine/ was not
+
+
+def test_a_published_run_keeps_its_parent_directories(tmp_path):
+    dest = tmp_path / "a" / "dest"
+    with staging_dir(dest) as tmp:
+        (tmp / "x").write_text("done")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["a", "a/dest", "a/dest/x"]
+
+
+def test_a_waiter_survives_the_failed_holder_removing_the_parent(tmp_path):
+    import threading
+
+    dest = tmp_path / "a" / "dest"
+    holding, waited = threading.Event(), []
+
+    def waiter():
+        holding.wait()
+        with staging_dir(dest) as tmp:  # blocks on the lock, then finds its directory gone: recreates it
+            (tmp / "x").write_text("second")
+        waited.append(True)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    with pytest.raises(RuntimeError, match="first fails"), locked(dest):
+        holding.set()
+        time.sleep(0.2)  # let the waiter open the lock file and block on it
+        raise RuntimeError("first fails")
+    thread.join(10)
+    assert waited == [True]
+    assert (dest / "x").read_text() == "second"
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["dest"]

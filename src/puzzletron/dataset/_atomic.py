@@ -100,23 +100,43 @@ def sweep_stale(destination: Path) -> list[Path]:
     return removed
 
 
-@contextmanager
-def locked(destination: Path) -> Iterator[None]:
-    """Hold an exclusive, inter-process lock on `destination` (blocking); sweep its stale transactions.
+def _make_parents(directory: Path) -> list[Path]:
+    """`mkdir -p directory`; return the directories this call created, deepest first."""
+    missing = []
+    for candidate in (directory, *directory.parents):
+        if candidate.is_dir():
+            break
+        missing.append(candidate)
+    directory.mkdir(parents=True, exist_ok=True)
+    return missing
 
-    The lock is `flock` on `<parent>/.<name>.lock`. The lock file is removed on release; a waiter that
-    acquired a lock file already unlinked by the previous holder notices (inode changed) and retries, so
-    removal never lets two holders in at once. Re-entrant within a thread: a nested `locked` of a
-    destination the thread already holds (e.g. a caller holding it around `materialize_...`) just yields.
+
+def _remove_empty(created: list[Path]) -> None:
+    """rmdir the directories `locked` created (deepest first), stopping at the first one that is in use.
+
+    `rmdir` only removes an empty directory, so a directory another process has meanwhile put a lock file
+    or a destination in survives; such a process, if it loses the race, recreates the directory (see the
+    retry in `locked`).
     """
-    destination = Path(destination)
-    if _holds(destination):
-        yield
-        return
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = _lock_path(destination)
+    for directory in created:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
+
+
+def _acquire(lock_path: Path) -> int:
+    """Open and flock `lock_path` (blocking); return the fd once it is the lock file currently linked there.
+
+    Retries when the file was unlinked (by the previous holder's release) while we waited, and when its
+    directory was removed by a failed run's clean-up in between (recreated here).
+    """
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            continue  # the parent vanished between mkdir and open
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -127,8 +147,28 @@ def locked(destination: Path) -> Iterator[None]:
             os.close(fd)
             raise
         if same:
-            break
+            return fd
         os.close(fd)
+
+
+@contextmanager
+def locked(destination: Path) -> Iterator[None]:
+    """Hold an exclusive, inter-process lock on `destination` (blocking); sweep its stale transactions.
+
+    The lock is `flock` on `<parent>/.<name>.lock`. The lock file is removed on release; a waiter that
+    acquired a lock file already unlinked by the previous holder notices (inode changed) and retries, so
+    removal never lets two holders in at once. Parent directories created here are removed again on release
+    when nothing was published (a failed run leaves no empty directories the user did not ask for).
+    Re-entrant within a thread: a nested `locked` of a destination the thread already holds (e.g. a caller
+    holding it around `materialize_...`) just yields.
+    """
+    destination = Path(destination)
+    if _holds(destination):
+        yield
+        return
+    created = _make_parents(destination.parent)
+    lock_path = _lock_path(destination)
+    fd = _acquire(lock_path)
     key = _key(destination)
     with _HELD_GUARD:
         _HELD[key] = threading.get_ident()
@@ -140,6 +180,8 @@ def locked(destination: Path) -> Iterator[None]:
             _HELD.pop(key, None)
         with suppress(FileNotFoundError):
             os.unlink(lock_path)
+        if not os.path.lexists(destination):
+            _remove_empty(created)
         os.close(fd)
 
 
