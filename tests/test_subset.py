@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import signal
 import time
@@ -14,13 +15,24 @@ from pathlib import Path
 
 import pytest
 
-from _conversation_samples import jpeg_bytes, multi_samples, png_bytes, single_row, single_samples
+from _conversation_samples import (
+    jpeg_bytes,
+    multi_row,
+    multi_samples,
+    nemotron_row,
+    png_bytes,
+    single_row,
+    single_samples,
+)
 from puzzletron.dataset import (
+    load_materialized_conversation_dataset,
     load_materialized_conversation_subset,
     load_materialized_intersyn_subset,
     materialize_normalized_conversation_samples,
     materialize_normalized_intersyn_samples,
+    normalize_intersyn_multi,
     normalize_intersyn_single,
+    normalize_nemotron_vlm_sample,
 )
 from puzzletron.dataset.errors import ConversationError, SubsetError
 from puzzletron.dataset.subset import SubsetReader, read_manifest, verify_subset
@@ -218,6 +230,118 @@ def test_bad_sample_fails_naming_sample_and_row_and_publishes_nothing(tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
+# A corpus of raw source rows as the real sources produce them, each broken in one way. The broken row is
+# row 2 of a lazily normalised stream of four, so rows 0 and 1 (and their images) are already written into
+# the transaction when the error comes: it must name row and field, and nothing may be left behind.
+def _nemotron_messages(*user_items):
+    return [{"role": "user", "content": list(user_items)}, {"role": "assistant", "content": "ok"}]
+
+
+_IMAGE_ITEM = {"type": "image", "image": "2.png"}
+_SINGLE_AT = r"finyorko/single_turn row 's2'"
+_SINGLE_IMAGE = (
+    r"sample 2 \(finyorko/single_turn row 's2'\) image 0 \(conversation\[0\]\.content\[0\]\.image\)"
+)
+_NEMOTRON_AT = r"nvidia/Nemotron-VLM-Dataset-v2 row 'n2'"
+BAD_ROWS = {
+    # (source, the broken fields of row 2, the expected error: row and field)
+    "missing text": ("single", {"human": None}, rf"{_SINGLE_AT}: field 'human'"),
+    "empty text": ("single", {"gpt": "  "}, rf"{_SINGLE_AT}: field 'gpt'.*empty"),
+    "non-string text": ("single", {"gpt": ["a"]}, rf"{_SINGLE_AT}: field 'gpt'.*got list"),
+    "missing image": ("single", {"image": None}, rf"{_SINGLE_AT}: field 'image': missing image"),
+    "undecodable image": (
+        "single",
+        {"image": {"bytes": b"\x89PNG\r\n\x1a\n garbage", "path": None}},
+        rf"{_SINGLE_IMAGE}: (not a decodable|undecodable)",
+    ),
+    "truncated image": (
+        "single",
+        {"image": {"bytes": jpeg_bytes(2)[:-200], "path": None}},
+        rf"{_SINGLE_IMAGE}: undecodable or truncated",
+    ),
+    "decompression bomb": (
+        "single",
+        {"image": {"bytes": png_bytes(2, (200, 200)), "path": None}},  # MAX_IMAGE_PIXELS lowered to 5000
+        rf"{_SINGLE_IMAGE}: decompression bomb",
+    ),
+    "multi: one image where two are needed": (
+        "multi",
+        {f"{k}{g}": None for g in (2, 3, 4, 5) for k in ("human", "gpt", "image", "caption")},
+        r"finyorko/multi-turn row 'm2': field 'image1..image5'.*at least two images",
+    ),
+    "multi: a group without its image": ("multi", {"image2": None}, r"row 'm2': field 'image2'"),
+    "video item": (
+        "nemotron",
+        {"messages": _nemotron_messages(_IMAGE_ITEM, {"type": "video", "video": "2.mp4"})},
+        rf"{_NEMOTRON_AT}: field 'messages\[0\]\.content\[1\]'.*video",
+    ),
+    "zero images": (
+        "nemotron",
+        {"messages": _nemotron_messages({"type": "text", "text": "hi"})},
+        rf"{_NEMOTRON_AT}: field 'messages'.*exactly one image item, found 0",
+    ),
+    "two images": (
+        "nemotron",
+        {"messages": _nemotron_messages(_IMAGE_ITEM, _IMAGE_ITEM)},
+        rf"{_NEMOTRON_AT}: field 'messages'.*exactly one image item, found 2",
+    ),
+    "wrong role": (
+        "nemotron",
+        {"messages": [{"role": "human", "content": [_IMAGE_ITEM]}, {"role": "assistant", "content": "x"}]},
+        rf"{_NEMOTRON_AT}: field 'messages\[0\]\.role'.*got 'human'",
+    ),
+    "non-string text item": (
+        "nemotron",
+        {"messages": _nemotron_messages(_IMAGE_ITEM, {"type": "text", "text": None})},
+        rf"{_NEMOTRON_AT}: field 'messages\[0\]\.content\[1\]\.text'",
+    ),
+}
+
+
+def _normalised(source: str, rows):
+    for row in rows:
+        if source == "single":
+            yield normalize_intersyn_single(row)
+        elif source == "multi":
+            yield normalize_intersyn_multi(row)
+        else:
+            yield normalize_nemotron_vlm_sample(row, subset="tables", revision="r1")
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_bad_source_row_names_row_and_field_and_publishes_nothing(tmp_path, monkeypatch, case):
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 5000)  # good rows have 32x24 = 768 pixels
+    source, broken, pattern = BAD_ROWS[case]
+    make = {"single": single_row, "multi": multi_row, "nemotron": nemotron_row}[source]
+    rows = [make(i, **(broken if i == 2 else {})) for i in range(4)]
+    dest = tmp_path / "out" / "subset"  # out/ is created by the run, and must go again
+    with pytest.raises(ConversationError, match=pattern):
+        materialize_normalized_conversation_samples(_normalised(source, rows), dest)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_encoded_image_is_stored_without_decoding_it_again(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from puzzletron.dataset._images import encode_image
+
+    sample = single_samples(1)[0]
+    encoded = encode_image(jpeg_bytes(0))  # what an acquisition that validated the image already has
+    sample["conversation"][0]["content"][0]["image"] = encoded
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("the materialiser decoded an EncodedImage again")
+
+    monkeypatch.setattr(Image, "open", no_decoding)
+    manifest = materialize_normalized_conversation_samples(iter([sample]), tmp_path / "subset")
+    assert (tmp_path / "subset/images/000000_00.jpg").read_bytes() == jpeg_bytes(0)
+    record = manifest["images"][0]
+    assert (record["format"], record["width"], record["height"]) == ("JPEG", 32, 24)
+    assert record["sha256"] == hashlib.sha256(jpeg_bytes(0)).hexdigest()
+
+
 def test_rerun_reuses_the_complete_subset_without_reading_samples(tmp_path):
     dest = tmp_path / "subset"
     first = materialize_normalized_conversation_samples(iter(single_samples(2)), dest, acquisition={"n": 2})
@@ -292,17 +416,58 @@ def test_missing_image_is_an_error_naming_it(tmp_path):
     assert SubsetReader(dest)[0]["source"]["row_id"] == "s0"
 
 
-def test_symlink_out_of_the_subset_is_rejected(tmp_path):
-    dest = tmp_path / "subset"
-    materialize_normalized_conversation_samples(iter(single_samples(2)), dest)
-    outside = tmp_path / "outside.jpg"
+def _point_sample_1_at(dest: Path, path: str) -> None:
+    """Make sample 1's image item (and its manifest record) say `path`, rewriting the line in place.
+
+    JSON allows blanks after a value, so a shorter path is padded and the offset index stays valid.
+    """
+    old = "images/000001_00.jpg"
+    assert len(path) <= len(old)
+    data = (dest / "samples.jsonl").read_bytes()
+    replacement = json.dumps(path) + " " * (len(old) - len(path))
+    (dest / "samples.jsonl").write_bytes(data.replace(json.dumps(old).encode(), replacement.encode()))
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest["images"][1]["path"] = path
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _escape_by_dotdot(dest: Path) -> str:
+    (dest.parent / "o.jpg").write_bytes(jpeg_bytes(1))  # a real image, so only the path is wrong
+    _point_sample_1_at(dest, "images/../../o.jpg")
+    return r"contains '\.\.'"
+
+
+def _escape_by_absolute_path(dest: Path) -> str:
+    _point_sample_1_at(dest, "/etc/passwd")  # exists, and is not ours
+    return "is absolute"
+
+
+def _escape_by_symlink(dest: Path) -> str:
+    outside = dest.parent / "outside.jpg"
     shutil.move(dest / "images/000001_00.jpg", outside)
     (dest / "images/000001_00.jpg").symlink_to(outside)
-    with pytest.raises(SubsetError, match=r"row 's1'.*outside the subset"):
+    return "outside the subset"
+
+
+@pytest.mark.parametrize("escape", [_escape_by_dotdot, _escape_by_absolute_path, _escape_by_symlink])
+def test_image_paths_that_leave_the_subset_are_rejected_everywhere_naming_the_sample(tmp_path, escape):
+    dest = tmp_path / "subset"
+    materialize_normalized_conversation_samples(iter(single_samples(3)), dest)
+    problem = escape(dest)
+    names_sample_1 = rf"sample 1 \((finyorko/single_turn )?row 's1'\).*{problem}"
+    with pytest.raises(SubsetError, match=names_sample_1):
         load_materialized_conversation_subset(dest)
-    with pytest.raises(SubsetError, match=r"sample 1 .*outside the subset"):
+    with pytest.raises(SubsetError, match=names_sample_1):
         SubsetReader(dest)[1]
-    assert any("outside the subset" in p for p in verify_subset(dest).problems)
+    dataset = load_materialized_conversation_dataset(str(dest))
+    assert dataset[0]["source"]["row_id"] == "s0"  # the others still read
+    with pytest.raises(SubsetError, match=names_sample_1):
+        dataset[1]
+    report = verify_subset(dest)
+    assert not report.ok
+    assert any(re.search(names_sample_1, p) for p in report.problems), report.problems
+    with pytest.raises(SubsetError, match=names_sample_1):  # nor is it reused
+        materialize_normalized_conversation_samples(iter(single_samples(3)), dest)
 
 
 def test_reader_reads_one_line_without_parsing_the_others(tmp_path):
@@ -398,52 +563,117 @@ def test_original_layout_paths_must_stay_inside(tmp_path, bad_path, pattern):
 # ---------------------------------------------------------------------------------- reliability
 
 
-def _slow_materialize(dest: Path, delay: float, samples: list) -> None:
-    def stream():
-        for sample in samples:
-            time.sleep(delay)
-            yield sample
+# The kill points are audit events (PEP 578: `open`, `os.mkdir`, `os.rename`, ...) on paths under the
+# destination's parent, counted in the child: the hook runs *before* the operation, so "kill at event k"
+# is a precise, repeatable place. A traced run (not killed) lists the events and their phases once.
+_WATCHED = {"open", "os.mkdir", "os.rename", "os.unlink", "os.remove", "os.rmdir", "os.listdir", "os.scandir"}
+_KILL_SAMPLES = 6
 
+
+def _kill_samples() -> list:
+    return [
+        normalize_intersyn_single(single_row(i, image={"bytes": jpeg_bytes(i, (64, 48)), "path": None}))
+        for i in range(_KILL_SAMPLES)
+    ]
+
+
+def _materialize_until_event(dest: Path, kill_at: int | None, trace: Path | None) -> None:
+    """Child process: materialise, SIGKILLing itself at the `kill_at`-th watched event (1-based)."""
+    import sys
+
+    parent, seen = str(dest.parent), []
+
+    def hook(event: str, args: tuple) -> None:
+        if event not in _WATCHED or not args or not isinstance(args[0], str | os.PathLike):
+            return
+        path = os.fspath(args[0])
+        if not isinstance(path, str) or not path.startswith(parent):
+            return
+        seen.append((event, os.path.relpath(path, parent)))
+        if len(seen) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    sys.addaudithook(hook)
     materialize_normalized_conversation_samples(
-        stream(), dest, acquisition={"k": "kill"}, expected_count=len(samples)
+        iter(_kill_samples()), dest, acquisition={"k": "kill"}, expected_count=_KILL_SAMPLES
     )
+    if trace is not None:
+        trace.write_text(json.dumps(seen))
+
+
+def _phase(events: list, k: int) -> str:
+    """The phase of the 1-based event `k` of a traced run."""
+
+    def first(test) -> int:
+        return next(i for i, (event, path) in enumerate(events, 1) if test(event, path))
+
+    first_image = first(lambda event, path: "/images/" in path)
+    index = first(lambda event, path: path.endswith("/samples.idx"))  # written after the last sample
+    rename = first(lambda event, path: event == "os.rename")
+    if k < first_image:
+        return "before: lock, sweep, transaction directory, sample file"
+    if k < index:
+        return "image writes"
+    if k < rename:
+        return "index, manifest, fsync of the tree and the parent"
+    if k == rename:
+        return "at the rename"
+    return "after the rename"
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_points_leaves_absent_or_complete_and_rerun_cleans_up(tmp_path):
-    samples = [
-        normalize_intersyn_single(single_row(i, image={"bytes": jpeg_bytes(i, (64, 48)), "path": None}))
-        for i in range(10)
-    ]
-    start = time.monotonic()
-    probe = FORK.Process(target=_slow_materialize, args=(tmp_path / "probe" / "dest", 0.01, samples))
+def test_sigkill_in_every_phase_leaves_absent_or_complete_and_a_rerun_leaves_no_debris(tmp_path):
+    trace = tmp_path / "trace.json"
+    probe = FORK.Process(target=_materialize_until_event, args=(tmp_path / "probe" / "dest", None, trace))
     probe.start()
     probe.join(60)
-    duration = time.monotonic() - start
     assert probe.exitcode == 0
+    events = json.loads(trace.read_text())
+    phases: dict[str, list[int]] = {}
+    for k in range(1, len(events) + 1):
+        phases.setdefault(_phase(events, k), []).append(k)
+    assert len(phases) == 5, phases
+    # 20 kill points, seeded: 4 per phase (every event when a phase has fewer, the rest from the others).
     rng = random.Random(20240601)
-    outcomes = []
-    for k in range(20):
-        dest = tmp_path / f"run{k}" / "dest"
-        proc = FORK.Process(target=_slow_materialize, args=(dest, 0.01, samples))
+    points = sorted({k for ks in phases.values() for k in rng.sample(ks, min(4, len(ks)))})
+    spare = sorted(set(range(1, len(events) + 1)) - set(points))
+    points = sorted(points + rng.sample(spare, 20 - len(points)))
+    assert len(points) == 20
+    seen_phases, outcomes = set(), set()
+    for k in points:
+        dest = tmp_path / f"kill{k}" / "dest"
+        proc = FORK.Process(target=_materialize_until_event, args=(dest, k, None))
         proc.start()
-        time.sleep(rng.uniform(0, duration * 1.1))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(30)
-        if dest.exists():
+        proc.join(60)
+        assert proc.exitcode == -signal.SIGKILL, f"kill at event {k} {events[k - 1]} did not happen"
+        phase = _phase(events, k)
+        expected = "complete" if phase == "after the rename" else "absent"
+        outcome = "complete" if dest.exists() else "absent"
+        assert outcome == expected, f"kill at event {k} {events[k - 1]} ({phase}): {outcome}"
+        if outcome == "complete":
             assert verify_subset(dest).ok, verify_subset(dest).problems
-            outcomes.append("complete")
-        else:
-            outcomes.append("absent")
-        manifest = materialize_normalized_conversation_samples(iter(samples), dest, acquisition={"k": "kill"})
-        assert manifest["sample_count"] == 10 and verify_subset(dest).ok
-        assert _siblings(dest) == ["dest"], f"debris after kill {k}"
-    assert "absent" in outcomes  # the kills did land mid-write
+        seen_phases.add(phase)
+        outcomes.add(outcome)
+        manifest = materialize_normalized_conversation_samples(
+            iter(_kill_samples()), dest, acquisition={"k": "kill"}
+        )
+        assert manifest["sample_count"] == _KILL_SAMPLES and verify_subset(dest).ok
+        assert _siblings(dest) == ["dest"], f"debris (.txn-*, .lock) after the kill at event {k}"
+    assert seen_phases == set(phases)
+    assert outcomes == {"absent", "complete"}
 
 
 def _concurrent_writer(dest: Path, barrier, results: Path) -> None:
+    import logging
+
+    # The library's own log says which path each process took: "published" (the writer) or "reusing".
+    handler = logging.FileHandler(results / f"log-{os.getpid()}.txt")
+    logger = logging.getLogger("puzzletron.dataset.subset")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
     def stream():
-        (results / f"writer-{os.getpid()}").touch()
+        (results / f"writer-{os.getpid()}").touch()  # only the writer ever asks for samples
         for sample in single_samples(6):
             time.sleep(0.01)
             yield sample
@@ -451,6 +681,7 @@ def _concurrent_writer(dest: Path, barrier, results: Path) -> None:
     barrier.wait()
     manifest = materialize_normalized_conversation_samples(stream(), dest, acquisition={"c": 4})
     (results / f"manifest-{os.getpid()}.json").write_text(json.dumps(manifest, sort_keys=True))
+    handler.close()
 
 
 def test_four_concurrent_writers_one_writes_all_get_identical_manifests(tmp_path):
@@ -463,7 +694,13 @@ def test_four_concurrent_writers_one_writes_all_get_identical_manifests(tmp_path
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    assert len(list(results.glob("writer-*"))) == 1
+    writers = [p.name.removeprefix("writer-") for p in results.glob("writer-*")]
+    assert len(writers) == 1
+    logs = {p.name.removeprefix("log-").removesuffix(".txt"): p.read_text() for p in results.glob("log-*")}
+    assert len(logs) == 4
+    published = sorted(pid for pid, log in logs.items() if "published subset at" in log)
+    reused = sorted(pid for pid, log in logs.items() if "reusing the complete subset" in log)
+    assert published == writers and len(reused) == 3 and writers[0] not in reused
     manifests = {p.read_text() for p in results.glob("manifest-*.json")}
     assert len(list(results.glob("manifest-*.json"))) == 4 and len(manifests) == 1
     assert verify_subset(dest).ok

@@ -650,6 +650,11 @@ def verify_subset(path: str | Path) -> VerifyReport:
             )
         for k, (field, item) in enumerate(items):
             image_count += 1
+            try:
+                _inside(root, item.get("image"), f"{root}: {label} {field}")
+            except SubsetError as exc:
+                problems.append(str(exc))
+                continue
             record = records.get((i, k))
             if record is None or record.get("path") != item.get("image"):
                 problems.append(f"{root}: {label} {field}: {item.get('image')!r} is not in the manifest")
