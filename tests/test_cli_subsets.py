@@ -69,3 +69,63 @@ def test_inspect_text_through_the_console_entry_point(subset):
 def test_inspect_of_a_non_subset_exits_one(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 1
     assert "manifest is missing" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- a Puzzle-KD text snapshot (acquisition.py)
+
+
+def _rows(source, *, split, revision, seed):
+    for i in range(3 if split == "train" else 2):
+        yield {
+            "messages": [{"role": "user", "content": f"{split} {i}"}, {"role": "assistant", "content": "ok"}]
+        }
+
+
+@pytest.fixture
+def text_snapshot(tmp_path):
+    from puzzletron.dataset.acquisition import TextAcquisitionSpec, materialize_puzzle_kd_dataset
+
+    out = tmp_path / "pkd"
+    spec = TextAcquisitionSpec(output_dir=out, train_samples=3, validation_samples=2, revision="a" * 40)
+    materialize_puzzle_kd_dataset(spec, dataset_loader=_rows, revision_resolver=lambda source, rev: rev)
+    return out
+
+
+def test_inspect_describes_a_text_snapshot_from_its_manifest(text_snapshot, capsys):
+    assert main(["inspect", str(text_snapshot), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["kind"], info["splits"], info["row_count"]) == (
+        "text-snapshot",
+        {"train": 3, "validation": 2},
+        5,
+    )
+    assert info["acquisition"]["revision"] == "a" * 40
+    assert info["bytes_on_disk"] == sum(p.stat().st_size for p in text_snapshot.rglob("*") if p.is_file())
+    assert main(["inspect", str(text_snapshot)]) == 0
+    assert "split        train: 3 rows" in capsys.readouterr().out
+
+
+def test_verify_dispatches_a_text_snapshot_to_the_acquisition_verifier(text_snapshot, capsys):
+    from puzzletron.dataset import acquisition
+
+    if not hasattr(acquisition, "verify_text_snapshot"):
+        pytest.skip("acquisition.verify_text_snapshot is not there yet (the fallback is tested below)")
+    assert main(["verify", str(text_snapshot)]) == 0
+    assert "OK" in capsys.readouterr().out
+    arrow = sorted((text_snapshot / "train").glob("*.arrow"))[0]
+    data = bytearray(arrow.read_bytes())
+    data[-20] ^= 0xFF  # same size: only the hash can tell
+    arrow.write_bytes(bytes(data))
+    assert main(["verify", str(text_snapshot)]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "SHA-256 differs" in out
+
+
+def test_verify_of_a_text_snapshot_without_the_verifier_says_not_a_conversation_subset(
+    text_snapshot, capsys, monkeypatch
+):
+    from puzzletron.dataset import acquisition
+
+    monkeypatch.delattr(acquisition, "verify_text_snapshot", raising=False)
+    assert main(["verify", str(text_snapshot)]) == 1
+    assert "not a conversation subset" in capsys.readouterr().out
