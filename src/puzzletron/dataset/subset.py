@@ -122,6 +122,48 @@ def _label(index: int, sample: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------- writing
 
 
+def _store_sample(tmp: Path, index: int, sample: Mapping[str, Any], table: Any) -> tuple[bytes, int]:
+    """Write sample `index`'s images under `tmp/images` and their manifest records (one JSON line each) to
+    `table`; return the sample's `samples.jsonl` line (image items now hold relative paths) and its image
+    count. The caller's sample is not modified."""
+    label = _label(index, sample)
+    validate_conversation(sample, where=label)
+    stored = copy.deepcopy({key: v for key, v in sample.items() if key != "conversation"})
+    stored["conversation"], k = [], 0
+    for t, turn in enumerate(sample["conversation"]):
+        content = []
+        for c, item in enumerate(turn["content"]):
+            if item.get("type") != "image":
+                content.append(copy.deepcopy(dict(item)))
+                continue
+            encoded = encode_image(
+                item["image"], where=f"{label} image {k} (conversation[{t}].content[{c}].image)"
+            )
+            rel = f"{IMAGES}/{index:06d}_{k:02d}{encoded.extension}"
+            with open(tmp / rel, "xb") as fh:
+                fh.write(encoded.data)
+            record = {
+                "bytes": encoded.size,
+                "format": encoded.format,
+                "height": encoded.height,
+                "image_index": k,
+                "path": rel,
+                "row_id": sample["source"]["row_id"],
+                "sample_index": index,
+                "sha256": encoded.sha256,
+                "width": encoded.width,
+            }
+            table.write(_dumps_line(_canonical(record, f"{label} source.row_id")) + "\n")
+            content.append({**copy.deepcopy({a: b for a, b in item.items() if a != "image"}), "image": rel})
+            k += 1
+        rest = copy.deepcopy({a: b for a, b in turn.items() if a != "content"})
+        stored["conversation"].append({**rest, "content": content})
+    try:
+        return (_dumps_line(stored) + "\n").encode("utf-8"), k
+    except (TypeError, ValueError) as exc:
+        raise SubsetError(f"{label}: not JSON-serialisable apart from its images: {exc}") from exc
+
+
 def _write_subset(
     tmp: Path,
     samples: Iterable[Mapping[str, Any]],
@@ -131,7 +173,12 @@ def _write_subset(
     expected_count: int | None,
     output_dir: Path,
 ) -> dict[str, Any]:
-    """Stream `samples` into the transaction directory `tmp`; return the manifest written there."""
+    """Stream `samples` into the transaction directory `tmp`; return the manifest written there.
+
+    One sample at a time: its images go to `images/`, its line to `samples.jsonl`, its image records to a
+    temporary table (spliced into the manifest at the end), its line offset and source group to arrays that
+    become `samples.idx`. Memory is O(samples) for the two arrays (12 bytes a sample), never the samples.
+    """
     (tmp / IMAGES).mkdir()
     offsets = array.array("Q", [0])
     group_ids: dict[tuple[str, str], int] = {}
@@ -141,53 +188,13 @@ def _write_subset(
     image_table = tmp / f".images-{secrets.token_hex(4)}.jsonl"
     with open(tmp / SAMPLES, "xb") as out, open(image_table, "x", encoding="utf-8") as table:
         for index, sample in enumerate(samples):
-            label = _label(index, sample)
-            validate_conversation(sample, where=label)
-            stored = copy.deepcopy({key: v for key, v in sample.items() if key != "conversation"})
-            conversation = []
-            k = 0
-            for t, turn in enumerate(sample["conversation"]):
-                content = []
-                for c, item in enumerate(turn["content"]):
-                    if item.get("type") == "image":
-                        encoded = encode_image(
-                            item["image"], where=f"{label} image {k} (conversation[{t}].content[{c}].image)"
-                        )
-                        rel = f"{IMAGES}/{index:06d}_{k:02d}{encoded.extension}"
-                        with open(tmp / rel, "xb") as fh:
-                            fh.write(encoded.data)
-                        record = {
-                            "bytes": encoded.size,
-                            "format": encoded.format,
-                            "height": encoded.height,
-                            "image_index": k,
-                            "path": rel,
-                            "row_id": sample["source"]["row_id"],
-                            "sample_index": index,
-                            "sha256": encoded.sha256,
-                            "width": encoded.width,
-                        }
-                        table.write(_dumps_line(_canonical(record, f"{label} source.row_id")) + "\n")
-                        content.append(
-                            {**copy.deepcopy({a: b for a, b in item.items() if a != "image"}), "image": rel}
-                        )
-                        k += 1
-                    else:
-                        content.append(copy.deepcopy(dict(item)))
-                conversation.append(
-                    {**copy.deepcopy({a: b for a, b in turn.items() if a != "content"}), "content": content}
-                )
-            stored["conversation"] = conversation
-            try:
-                line = (_dumps_line(stored) + "\n").encode("utf-8")
-            except (TypeError, ValueError) as exc:
-                raise SubsetError(f"{label}: not JSON-serialisable apart from its images: {exc}") from exc
+            line, images = _store_sample(tmp, index, sample, table)
             out.write(line)
             samples_digest.update(line)
             offsets.append(offsets[-1] + len(line))
             key = (sample["source"]["dataset"], sample["source"]["revision"])
             groups.append(group_ids.setdefault(key, len(group_ids)))
-            image_count += k
+            image_count += images
     sample_count = len(groups)
     if expected_count is not None and sample_count < expected_count:
         raise SubsetError(
