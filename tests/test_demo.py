@@ -24,17 +24,50 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Completed
     return _run(["demo", "--workdir", str(workdir)], timeout=180), workdir
 
 
+STAGE_LINE = r"^\s+(ok|FAIL)\s+[\d.]+ s  \[(\d)\] (.+)$"
+
+
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_reports(demo):
     result, workdir = demo
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    stages = re.findall(r"^\s+(ok|skip|FAIL)\s+[\d.]+ s  (.+)$", out, flags=re.M)
-    assert len(stages) == 8 and all(status == "ok" for status, _ in stages), stages
-    assert re.search(r"efficiency \d+\.\d+%", out)
+    stages = re.findall(STAGE_LINE, out, flags=re.M)
+    assert len(stages) == 8 and all(status == "ok" for status, _, _ in stages), stages
+    assert [int(n) for _, n, _ in stages] == list(range(1, 9))
+    assert "skip" not in out.lower().replace("skipped", "")  # every stage's code exists: none is skipped
+    # The report: rows vs the bound, efficiency, tokens, what was dropped, fingerprints, total time.
+    packing = re.search(
+        r"^  packing\s+(\d+) rows of 4096 \(lower bound (\d+)\), efficiency (\d+\.\d+)%; ([\d,]+) tokens "
+        r"packed, (\d+) samples \(([\d,]+) tokens\) dropped as longer than pack_size$",
+        out,
+        flags=re.M,
+    )
+    assert packing, out[-2000:]
+    rows, bound, efficiency = int(packing[1]), int(packing[2]), float(packing[3])
+    assert rows >= bound and rows - bound <= 1 and efficiency >= 99.0
+    assert int(packing[4].replace(",", "")) <= rows * 4096
+    split = re.search(r"^  text split\s+512 samples, ([\d,]+) tokens", out, flags=re.M)
+    dropped_tokens = int(packing[6].replace(",", ""))
+    assert split and int(split[1].replace(",", "")) == int(packing[4].replace(",", "")) + dropped_tokens
     assert re.search(r"first batch per DP rank: [0-9a-f]{12}  [0-9a-f]{12}", out)
-    assert "every one of" in out and "packs dealt exactly once" in out
+    assert re.search(r"every one of \d+ packs \(\d+ samples\) dealt exactly once", out)
+    assert re.search(r"^  total [\d.]+ s; ok$", out, flags=re.M)
     assert (workdir / "snapshots" / "puzzle-kd" / "train").is_dir()
+
+
+@pytest.mark.slow
+def test_demo_exits_non_zero_naming_the_failed_stage_and_stops(tmp_path):
+    # A non-empty folder where the Puzzle-KD snapshot goes: materialisation must refuse it.
+    blocked = tmp_path / "snapshots" / "puzzle-kd"
+    blocked.mkdir(parents=True)
+    (blocked / "stray.txt").write_text("not a snapshot")
+    result = _run(["demo", "--workdir", str(tmp_path)], timeout=180)
+    assert result.returncode == 1, result.stdout[-3000:]
+    stages = re.findall(STAGE_LINE, result.stdout, flags=re.M)
+    assert [(status, n) for status, n, _ in stages] == [("ok", "1"), ("ok", "2"), ("FAIL", "3")]
+    assert "holds no complete Puzzle-KD snapshot" in result.stdout
+    assert "FAILED at stage [3], 5 stage(s) after it not run" in result.stdout
 
 
 @pytest.mark.slow

@@ -239,6 +239,7 @@ def test_build_batches_deals_to_dp_ranks_and_reads_a_snapshot_folder(tokenizer_d
         for r in range(2)
     ]
     assert sorted(b.sample_ids[0] for r in ranks for b in r) == ["a", "b"]
+    assert [b.fingerprint for b in ranks[0].for_rank(1)] == [b.fingerprint for b in ranks[1]]
     assert [b.fingerprint for b in ranks[0].loader(num_workers=0)] == [b.fingerprint for b in ranks[0]]
     assert len(load_text_split(tmp_path / "snap")) == 2
     with pytest.raises(FileNotFoundError, match="does not exist"):

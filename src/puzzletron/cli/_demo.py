@@ -1,11 +1,12 @@
 """`puzzletron-data demo` and `puzzletron-data pack-report`.
 
 ``demo`` runs the data stage end to end on the built-in fixture Hub, offline, in a temporary folder (or
-``--workdir``): generate the fixture repositories, serve them on loopback (olah), materialise the
-Puzzle-KD, Nemotron-VLM and InterSyn snapshots and verify them, tokenise and pack the text split, shard a
-packed batch over DP x CP x PP and check that it reassembles exactly, and print a short report. Every stage
-is timed; a stage whose library code is not available yet is reported as ``skip`` with the reason (the
-exit code stays 0), a stage that fails is ``FAIL`` (exit code 1).
+``--workdir``): check the batch contract on synthetic tensors, generate the fixture repositories and serve
+them on loopback (olah), materialise the Puzzle-KD, Nemotron-VLM and InterSyn snapshots and verify them,
+turn the text split into packed batches with `build_batches`, deal them to two DP ranks, shard one over
+DP x CP x PP and check that it reassembles, and print a report (rows, tokens, packing efficiency,
+fingerprints, time per stage). Stages run in order; the first that fails is reported as ``FAIL`` with its
+error, the stages after it do not run (each needs the one before), and the exit code is 1.
 
 ``pack-report`` plans the packing of a tokenised snapshot split and draws it (rows as bars split by sample,
 and the length histogram) into a PNG; the numbers go to stdout.
@@ -19,7 +20,7 @@ import os
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,9 @@ import torch
 
 __all__ = ["register"]
 
-
-class _Skip(Exception):
-    """A stage that cannot run yet (its library code has not landed); not a failure."""
+PACK_SIZE = 4096  # the demo's text pack size (Puzzle-KD chat lengths: median ~800 fixture tokens)
+DP, CP, PP = 2, 2, 2
+PACKS_PER_BATCH = 4
 
 
 @dataclass
@@ -43,44 +44,42 @@ class _Stage:
 
 
 @dataclass
-class _Report:
-    stages: list[_Stage] = field(default_factory=list)
+class _Demo:
+    """What the stages hand on to each other, and the numbers for the final report."""
 
-    @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[_Stage]:
-        stage = _Stage(name)
-        self.stages.append(stage)
-        print(f"[{len(self.stages)}] {name} ...", flush=True)
-        start = time.perf_counter()
-        try:
-            yield stage
-        except _Skip as exc:
-            stage.status = "skip"
-            stage.lines.append(f"skipped: {exc}")
-        except (NotImplementedError, ImportError) as exc:
-            stage.status = "skip"
-            stage.lines.append(f"skipped, not implemented yet: {type(exc).__name__}: {exc}".rstrip(": "))
-        except Exception as exc:
-            stage.status = "FAIL"
-            stage.lines.append(f"{type(exc).__name__}: {exc}")
-            stage.lines.extend(traceback.format_exc().rstrip().splitlines()[-6:])
-        finally:
-            stage.seconds = time.perf_counter() - start
-            for line in stage.lines:
-                print(f"    {line}", flush=True)
-            print(f"    -> {stage.status} in {stage.seconds:.2f} s", flush=True)
+    workdir: Path
+    seed: int
+    stack: contextlib.ExitStack
+    hub_dir: Path | None = None
+    text_dir: Path | None = None
+    batches: Any = None  # TextBatches of DP rank 0
+    first_batch: Any = None  # rank 0's first batch of epoch 0
+    facts: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def failed(self) -> bool:
-        return any(s.status == "FAIL" for s in self.stages)
+
+def _run_stage(number: int, name: str, body: Callable[[_Stage], None]) -> _Stage:
+    """Run one stage, timed; an exception marks it ``FAIL`` with the error and the end of its traceback."""
+    stage = _Stage(name)
+    print(f"[{number}] {name} ...", flush=True)
+    start = time.perf_counter()
+    try:
+        body(stage)
+    except Exception as exc:
+        stage.status = "FAIL"
+        stage.lines.append(f"{type(exc).__name__}: {exc}")
+        stage.lines.extend(
+            traceback.format_exc().rstrip().splitlines()[-6:-1]
+        )  # the last line repeats the error
+    stage.seconds = time.perf_counter() - start
+    for line in stage.lines:
+        print(f"    {line}", flush=True)
+    print(f"    -> {stage.status} in {stage.seconds:.2f} s", flush=True)
+    return stage
 
 
 def _fp(batch: Any) -> str:
     """The first 12 hex digits of a batch's fingerprint."""
-    fingerprint = getattr(batch, "fingerprint", None)
-    if fingerprint is None:
-        raise NotImplementedError("PuzzletronBatch.fingerprint")
-    return str(fingerprint)[:12]
+    return str(batch.fingerprint)[:12]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -148,27 +147,206 @@ def check_sharding(batch: Any, *, dp: int, cp: int, pp: int) -> list[str]:
 # Stages
 
 
-def _synthetic_stage(st: _Stage, *, seed: int) -> None:
+def _synthetic(demo: _Demo, st: _Stage) -> None:
+    """The batch contract on synthetic samples: pack, shard over DP x CP x PP, reassemble."""
     from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
     from puzzletron.dataset.packing import TokenizedSamples, build_batch, plan_packing
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(demo.seed)
     lengths = np.clip(np.rint(rng.lognormal(np.log(60), 0.8, size=64)), 2, 256).astype(np.int64)
     ids = [rng.integers(1, 1000, size=n).tolist() for n in lengths]
     labels = [[*x[1:], -100] for x in ids]
     samples = TokenizedSamples.from_lists(ids, labels, sample_ids=[f"synthetic-{i}" for i in range(64)])
     spec = PuzzletronDataSpec("text", "packed_varlen", 256, PackingSpec(pack_size=256))
-    plan = plan_packing(lengths, spec.packing, seed=seed)
+    plan = plan_packing(lengths, spec.packing, seed=demo.seed)
     st.lines.append(
         f"{len(lengths)} synthetic samples, {plan.total_tokens} tokens -> {plan.num_rows} rows of 256 "
-        f"(bound {plan.lower_bound_rows}), efficiency {plan.efficiency:.2%}"
+        f"(lower bound {plan.lower_bound_rows}), efficiency {plan.efficiency:.2%}"
     )
     rows = plan.rows[:4]
     batch = build_batch(samples, rows, spec=spec)
     st.lines.append(f"packed batch {tuple(batch.input_ids.shape)}: fingerprint {_fp(batch)}")
-    st.lines.extend(check_sharding(batch, dp=2, cp=2, pp=2))
+    st.lines.extend(check_sharding(batch, dp=DP, cp=CP, pp=PP))
+    # A batch of a single packed row is the special case of dp_slice: it splits by whole samples.
     one_row = build_batch(samples, rows[:1], spec=spec)
-    st.lines.extend(check_sharding(one_row, dp=2, cp=1, pp=1))
+    dp_line = check_sharding(one_row, dp=DP, cp=1, pp=1)[0]
+    st.lines.append(f"one packed row of {len(rows[0])} samples, split over DP by whole samples: {dp_line}")
+
+
+def _serve_hub(demo: _Demo, st: _Stage) -> None:
+    from puzzletron.fixtures.hub import generate_fixture_hub
+    from puzzletron.fixtures.mirror import serve_hub
+
+    hub_dir = demo.workdir / "hub"
+    reuse = (hub_dir / "mirrors").exists()  # a --workdir of an earlier run
+    hub = None if reuse else generate_fixture_hub(hub_dir, seed=demo.seed)
+    endpoint = demo.stack.enter_context(serve_hub(hub_dir))
+    demo.stack.enter_context(_hf_env(demo.workdir, endpoint))
+    demo.hub_dir = hub_dir
+    st.lines.append(f"serving {hub_dir / 'mirrors'} at {endpoint}" + (" (reused)" if reuse else ""))
+    if hub is not None:
+        st.lines.extend(f"{repo} @ {sha[:12]}" for repo, sha in hub.shas.items())
+
+
+def _puzzle_kd(demo: _Demo, st: _Stage) -> None:
+    from puzzletron.dataset.acquisition import TextAcquisitionSpec, materialize_puzzle_kd_dataset
+
+    text_dir = demo.workdir / "snapshots" / "puzzle-kd"
+    spec = TextAcquisitionSpec(output_dir=text_dir, train_samples=512, validation_samples=64)
+    manifest = materialize_puzzle_kd_dataset(spec)
+    st.lines.append(_manifest_line("puzzle-kd", manifest))
+    st.lines.append(_verify_text_snapshot(text_dir, manifest))
+    demo.text_dir = text_dir
+
+
+def _nemotron_vlm(demo: _Demo, st: _Stage) -> None:
+    from puzzletron.dataset.acquisition import VlmAcquisitionSpec, materialize_nemotron_vlm_dataset
+
+    vlm_dir = demo.workdir / "snapshots" / "nemotron-vlm"
+    spec = VlmAcquisitionSpec(output_dir=vlm_dir, num_samples=24)
+    st.lines.append(_manifest_line("nemotron-vlm", materialize_nemotron_vlm_dataset(spec)))
+    st.lines.append(_verify(vlm_dir))
+
+
+def _intersyn(demo: _Demo, st: _Stage) -> None:
+    from puzzletron.dataset.acquisition import materialize_intersyn_subset
+    from puzzletron.fixtures.hub import INTERSYN_MULTI, INTERSYN_SINGLE, repo_path
+
+    out = demo.workdir / "snapshots" / "intersyn"
+    # The fixture mirror cannot carry the pinned upstream shas: pin the fixture's own commits.
+    manifest = materialize_intersyn_subset(
+        out,
+        rows_per_source=4,
+        single_turn_revision=_git_head(repo_path(demo.hub_dir, INTERSYN_SINGLE)),
+        multi_turn_revision=_git_head(repo_path(demo.hub_dir, INTERSYN_MULTI)),
+    )
+    st.lines.append(_manifest_line("intersyn", manifest))
+    st.lines.append(_verify(out))
+
+
+def _tokenize_and_pack(demo: _Demo, st: _Stage) -> None:
+    """`build_batches` on the Puzzle-KD train split: chat template, assistant labels, packing plan."""
+    from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
+    from puzzletron.dataset.text import build_batches
+    from puzzletron.fixtures.tokenizer import build_chat_tokenizer
+
+    tok_dir = build_chat_tokenizer(demo.workdir / "tokenizer")
+    spec = PuzzletronDataSpec("text", "packed_varlen", PACK_SIZE, PackingSpec(pack_size=PACK_SIZE))
+    batches = build_batches(
+        demo.text_dir, tokenizer=tok_dir, spec=spec, batch_size=PACKS_PER_BATCH, dp_size=DP, seed=demo.seed
+    )
+    samples, plan = batches.tokenized.samples, batches.plan
+    tokens = int(samples.lengths.sum())
+    st.lines.append(
+        f"tokenised {len(samples)} samples, {tokens:,} tokens ({int((samples.labels != -100).sum()):,} "
+        f"supervised); skipped {batches.tokenized.skipped} rows without a supervised token"
+    )
+    st.lines.append(
+        f"dropped {len(plan.dropped)} samples longer than pack_size ({plan.dropped_tokens:,} tokens); packed "
+        f"{plan.total_tokens:,} tokens into {plan.num_rows} rows of {PACK_SIZE} (lower bound "
+        f"{plan.lower_bound_rows}), efficiency {plan.efficiency:.2%}"
+    )
+    demo.batches = batches
+    demo.facts.update(
+        samples=len(samples),
+        skipped=batches.tokenized.skipped,
+        tokens=tokens,
+        dropped=len(plan.dropped),
+        dropped_tokens=plan.dropped_tokens,
+        packed_tokens=plan.total_tokens,
+        rows=plan.num_rows,
+        bound=plan.lower_bound_rows,
+        efficiency=plan.efficiency,
+    )
+
+
+def _deal(demo: _Demo, st: _Stage) -> None:
+    """Build every batch of epoch 0 on both DP ranks; each pack (hence each packed sample) exactly once."""
+    batches = demo.batches
+    packs: list[int] = []
+    docs: list[str] = []
+    firsts = []
+    for rank in range(DP):
+        mine = batches.for_rank(rank)
+        built = list(mine)
+        packs.extend(i for b in built for i in b.source_metadata["items"] if i >= 0)
+        docs.extend(d for b in built for d in b.source_metadata["document_ids"])
+        padding = sum(b.source_metadata["padding"] for b in built)
+        firsts.append(built[0])
+        st.lines.append(
+            f"rank {rank}: {len(built)} batches of {PACKS_PER_BATCH} packs x {PACK_SIZE} tokens "
+            f"({padding} fully masked padding batches), first {_fp(built[0])}"
+        )
+    plan, samples = batches.plan, batches.tokenized.samples
+    placed = sorted(samples.sample_ids[i] for i in plan.sample_order.tolist())
+    if sorted(packs) != list(range(plan.num_rows)) or sorted(docs) != placed:
+        raise AssertionError("the sampler did not deal every pack and every packed sample exactly once")
+    st.lines.append(f"every one of {plan.num_rows} packs ({len(placed)} samples) dealt exactly once")
+    demo.first_batch = firsts[0]
+    demo.facts.update(fingerprints=[_fp(b) for b in firsts], steps=len(batches))
+
+
+def _shard(demo: _Demo, st: _Stage) -> None:
+    st.lines.extend(check_sharding(demo.first_batch, dp=DP, cp=CP, pp=PP))
+
+
+STAGES: tuple[tuple[str, Callable[[_Demo, _Stage], None]], ...] = (
+    ("batch contract on synthetic tensors (pack, shard over DP/CP/PP, reassemble)", _synthetic),
+    ("fixture Hub: generate and serve on loopback", _serve_hub),
+    ("materialise + verify Puzzle-KD (text)", _puzzle_kd),
+    ("materialise + verify Nemotron-VLM (images)", _nemotron_vlm),
+    ("materialise + verify InterSyn (images)", _intersyn),
+    ("tokenise (chat template) and pack the text split (build_batches)", _tokenize_and_pack),
+    (f"deal the packs to DP={DP} ranks and build every batch of epoch 0", _deal),
+    (f"shard a packed text batch over DP={DP} x CP={CP} x PP={PP} and reassemble", _shard),
+)
+
+
+def _print_report(demo: _Demo, stages: list[_Stage], total: float) -> None:
+    f = demo.facts
+    print("\nreport")
+    if "rows" in f:
+        print(
+            f"  text split    {f['samples']} samples, {f['tokens']:,} tokens "
+            f"({f['skipped']} rows skipped: no supervised token)"
+        )
+        print(
+            f"  packing       {f['rows']} rows of {PACK_SIZE} (lower bound {f['bound']}), efficiency "
+            f"{f['efficiency']:.2%}; {f['packed_tokens']:,} tokens packed, {f['dropped']} samples "
+            f"({f['dropped_tokens']:,} tokens) dropped as longer than pack_size"
+        )
+    if "fingerprints" in f:
+        print(f"  sampler       {f['steps']} steps per epoch on each of {DP} DP ranks")
+        print("  first batch per DP rank: " + "  ".join(f["fingerprints"]))
+    print("  time per stage")
+    for number, s in enumerate(stages, 1):
+        print(f"  {s.status:>4}  {s.seconds:7.2f} s  [{number}] {s.name}")
+    not_run = len(STAGES) - len(stages)
+    failed = any(s.status == "FAIL" for s in stages)
+    tail = f"FAILED at stage [{len(stages)}], {not_run} stage(s) after it not run" if failed else "ok"
+    print(f"  total {total:.1f} s; {tail}")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    import datasets
+
+    datasets.disable_progress_bars()
+    started = time.perf_counter()
+    stages: list[_Stage] = []
+    with contextlib.ExitStack() as stack:
+        if args.workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="puzzletron-demo-")))
+        else:
+            workdir = Path(args.workdir)
+            workdir.mkdir(parents=True, exist_ok=True)
+        print(f"puzzletron-data demo in {workdir}", flush=True)
+        demo = _Demo(workdir=workdir, seed=args.seed, stack=stack)
+        for number, (name, body) in enumerate(STAGES, 1):
+            stages.append(_run_stage(number, name, lambda st, body=body: body(demo, st)))
+            if stages[-1].status == "FAIL":
+                break  # every later stage needs this one's result
+    _print_report(demo, stages, time.perf_counter() - started)
+    return 1 if stages[-1].status == "FAIL" else 0
 
 
 def _hf_env(workdir: Path, endpoint: str) -> contextlib.AbstractContextManager[None]:
@@ -225,197 +403,6 @@ def _verify_text_snapshot(path: Path, manifest: Any) -> str:
     return f"verified {path.name}: splits {splits} load offline with a messages column"
 
 
-def _tokenize_and_pack(
-    st: _Stage,
-    *,
-    workdir: Path,
-    text_dir: Path | None,
-    hub_root: Path | None,
-    seed: int,
-    facts: dict[str, Any],
-) -> tuple[Any, Any, Any, int]:
-    import datasets
-
-    from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
-    from puzzletron.dataset.packing import plan_packing
-    from puzzletron.dataset.text import tokenize_conversations
-    from puzzletron.fixtures.tokenizer import build_chat_tokenizer
-
-    tok_dir = build_chat_tokenizer(workdir / "tokenizer")
-    if text_dir is not None and (text_dir / "train").exists():
-        rows = datasets.load_from_disk(str(text_dir / "train"))
-        st.lines.append(f"source: Puzzle-KD snapshot {text_dir} (train, {len(rows)} rows)")
-    elif hub_root is not None:
-        from puzzletron.fixtures.hub import PUZZLE_KD, repo_path
-
-        files = sorted(str(p) for p in repo_path(hub_root, PUZZLE_KD).glob("data/train-*.parquet"))
-        rows = datasets.load_dataset("parquet", data_files=files, split="train")
-        st.lines.append(f"source: fixture parquet (snapshot not available), {len(rows)} rows")
-    else:
-        raise _Skip("no text source")
-    tokenized = tokenize_conversations(rows, tokenizer=tok_dir, num_proc=1)
-    samples = tokenized.samples
-    pack_size = 4096
-    spec = PuzzletronDataSpec("text", "packed_varlen", pack_size, PackingSpec(pack_size=pack_size))
-    plan = plan_packing(samples.lengths, spec.packing, seed=seed, sample_ids=samples.sample_ids)
-    st.lines.append(
-        f"tokenised {len(samples)} samples ({int(samples.lengths.sum())} tokens, skipped "
-        f"{tokenized.skipped} without a supervised token); supervised tokens "
-        f"{int((samples.labels != -100).sum())}"
-    )
-    st.lines.append(
-        f"packed into {plan.num_rows} rows of {pack_size} (lower bound {plan.lower_bound_rows}), "
-        f"efficiency {plan.efficiency:.2%}, dropped {len(plan.dropped)}"
-    )
-    facts.update(
-        rows=plan.num_rows, bound=plan.lower_bound_rows, efficiency=plan.efficiency, tokens=plan.total_tokens
-    )
-    return samples, spec, plan, tokenized.pad_token_id
-
-
-def _deal(st: _Stage, packed: tuple[Any, Any, Any, int], *, seed: int, facts: dict[str, Any]) -> Any:
-    """Deal the plan's rows to 2 DP ranks for epoch 0, each pack once; return rank 0's first batch."""
-    from puzzletron.dataset.sampler import DistributedPackSampler, PackedBatches
-
-    samples, spec, plan, pad = packed
-    dataset = PackedBatches(samples, spec, plan, pad_token_id=pad)
-    dealt: list[int] = []
-    firsts = []
-    for rank in range(2):
-        sampler = DistributedPackSampler(len(dataset), batch_size=4, dp_rank=rank, dp_size=2, seed=seed)
-        keys = list(sampler)
-        dealt.extend(i for k in keys for i in k.items)
-        firsts.append(dataset[keys[0]])
-        padding = sum(k.is_padding for k in keys)
-        st.lines.append(
-            f"rank {rank}: {len(keys)} batches of 4 packs ({padding} padding), first {_fp(firsts[-1])}"
-        )
-    if sorted(dealt) != list(range(len(dataset))):
-        raise AssertionError("the sampler did not deal every pack exactly once")
-    st.lines.append(f"every one of {len(dataset)} packs dealt exactly once")
-    facts["fingerprints"] = [_fp(b) for b in firsts]
-    return firsts[0]
-
-
-def _run_demo(args: argparse.Namespace) -> int:
-    import datasets
-
-    datasets.disable_progress_bars()
-    report = _Report()
-    started = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        if args.workdir is None:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="puzzletron-demo-")))
-        else:
-            workdir = Path(args.workdir)
-            workdir.mkdir(parents=True, exist_ok=True)
-        print(f"puzzletron-data demo in {workdir}", flush=True)
-
-        with report.stage("batch contract on synthetic tensors (pack, DP/CP/PP, reassemble)") as st:
-            _synthetic_stage(st, seed=args.seed)
-
-        hub_root: Path | None = None
-        endpoint: str | None = None
-        with report.stage("fixture Hub: generate and serve on loopback") as st:
-            from puzzletron.fixtures.hub import generate_fixture_hub
-            from puzzletron.fixtures.mirror import serve_hub
-
-            hub_dir = workdir / "hub"
-            hub = (
-                generate_fixture_hub(hub_dir, seed=args.seed) if not (hub_dir / "mirrors").exists() else None
-            )
-            hub_root = hub_dir
-            endpoint = stack.enter_context(serve_hub(hub_dir))
-            stack.enter_context(_hf_env(workdir, endpoint))
-            st.lines.append(f"serving {hub_dir / 'mirrors'} at {endpoint}")
-            if hub is not None:
-                st.lines.extend(f"{repo} @ {sha[:12]}" for repo, sha in hub.shas.items())
-
-        text_dir = workdir / "snapshots" / "puzzle-kd"
-        with report.stage("materialise + verify Puzzle-KD (text)") as st:
-            if endpoint is None:
-                raise _Skip("no Hub mirror")
-            from puzzletron.dataset.acquisition import TextAcquisitionSpec, materialize_puzzle_kd_dataset
-
-            spec = TextAcquisitionSpec(output_dir=text_dir, train_samples=512, validation_samples=64)
-            manifest = materialize_puzzle_kd_dataset(spec)
-            st.lines.append(_manifest_line("puzzle-kd", manifest))
-            st.lines.append(_verify_text_snapshot(text_dir, manifest))
-
-        with report.stage("materialise + verify Nemotron-VLM (images)") as st:
-            if endpoint is None:
-                raise _Skip("no Hub mirror")
-            from puzzletron.dataset.acquisition import VlmAcquisitionSpec, materialize_nemotron_vlm_dataset
-
-            vlm_dir = workdir / "snapshots" / "nemotron-vlm"
-            spec = VlmAcquisitionSpec(output_dir=vlm_dir, num_samples=24)
-            st.lines.append(_manifest_line("nemotron-vlm", materialize_nemotron_vlm_dataset(spec)))
-            st.lines.append(_verify(vlm_dir))
-
-        with report.stage("materialise + verify InterSyn (images)") as st:
-            if hub_root is None:
-                raise _Skip("no Hub mirror")
-            _intersyn(st, workdir=workdir, hub_root=hub_root)
-
-        packed = None
-        facts: dict[str, Any] = {}
-        with report.stage("tokenise (chat template) and pack the text split") as st:
-            packed = _tokenize_and_pack(
-                st,
-                workdir=workdir,
-                text_dir=text_dir if text_dir.exists() else None,
-                hub_root=hub_root,
-                seed=args.seed,
-                facts=facts,
-            )
-
-        batch = None
-        with report.stage("deal the packs to DP=2 ranks (sampler) and build batches") as st:
-            if packed is None:
-                raise _Skip("no packed text split")
-            batch = _deal(st, packed, seed=args.seed, facts=facts)
-
-        with report.stage("shard a packed text batch over DP=2 x CP=2 x PP=2 and reassemble") as st:
-            if batch is None:
-                raise _Skip("no tokenised batch")
-            st.lines.extend(check_sharding(batch, dp=2, cp=2, pp=2))
-
-    total = time.perf_counter() - started
-    if facts:
-        print(
-            f"\ntext split: {facts['tokens']:,} tokens packed into {facts['rows']} rows "
-            f"(lower bound {facts['bound']}), efficiency {facts['efficiency']:.2%}"
-        )
-    if "fingerprints" in facts:
-        print("first batch per DP rank: " + "  ".join(facts["fingerprints"]))
-    print("\nsummary")
-    for s in report.stages:
-        print(f"  {s.status:>4}  {s.seconds:7.2f} s  {s.name}")
-    print(f"  total {total:.1f} s; {'FAILED' if report.failed else 'ok'}")
-    return 1 if report.failed else 0
-
-
-def _intersyn(st: _Stage, *, workdir: Path, hub_root: Path) -> None:
-    import inspect
-
-    from puzzletron.dataset.acquisition import materialize_intersyn_subset
-    from puzzletron.fixtures.hub import INTERSYN_MULTI, INTERSYN_SINGLE
-    from puzzletron.fixtures.hub import repo_path as _repo_path
-
-    out = workdir / "snapshots" / "intersyn"
-    params = inspect.signature(materialize_intersyn_subset).parameters
-    kwargs: dict[str, Any] = {"rows_per_source": 4}
-    # The fixture mirror cannot carry the pinned upstream shas: pin the fixture's own commits.
-    shas = {repo: _git_head(_repo_path(hub_root, repo)) for repo in (INTERSYN_SINGLE, INTERSYN_MULTI)}
-    for name in params:
-        if "revision" in name and "single" in name:
-            kwargs[name] = shas[INTERSYN_SINGLE]
-        elif "revision" in name and "multi" in name:
-            kwargs[name] = shas[INTERSYN_MULTI]
-    st.lines.append(_manifest_line("intersyn", materialize_intersyn_subset(out, **kwargs)))
-    st.lines.append(_verify(out))
-
-
 def _git_head(repo: Path) -> str:
     import subprocess
 
@@ -424,21 +411,20 @@ def _git_head(repo: Path) -> str:
     ).stdout.strip()
 
 
-def _load_split(snapshot: Path, split: str) -> Any:
-    import datasets
-
-    if (snapshot / split).is_dir():
-        return datasets.load_from_disk(str(snapshot / split))
-    loaded = datasets.load_from_disk(str(snapshot))
-    return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+# ---------------------------------------------------------------------------------------------------------
+# pack-report
 
 
-def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, max_rows: int = 40) -> None:
-    """Write a PNG: the first ``max_rows`` rows as bars split by sample, and the length histogram."""
+def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, title: str = "", max_rows: int = 40) -> None:
+    """Write a PNG: the first ``max_rows`` rows as bars split by sample, and the length histogram.
+
+    ``lengths`` ``[N]`` are the planned samples' token counts (``plan`` indexes into them).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     n_rows = min(plan.num_rows, max_rows)
     stop = int(plan.row_offsets[n_rows])
@@ -448,23 +434,52 @@ def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, max_rows: int = 4
     row_of = np.repeat(np.arange(n_rows), counts)
     before = np.cumsum(widths) - widths
     left = before - np.repeat(before[plan.row_offsets[:n_rows]], counts)  # start of each sample in its row
-    colours = plt.get_cmap("tab20")(np.arange(order.shape[0]) % 20)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 9), height_ratios=(3, 1.3))
-    top.barh(np.arange(n_rows), plan.pack_size, color="#dddddd", height=0.8)  # slots (padding shows grey)
+    # tab20 without its two greys, so no sample looks like padding.
+    palette = plt.get_cmap("tab20")(np.r_[0:14, 16:20])
+    colours = palette[np.arange(order.shape[0]) % palette.shape[0]]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 9.5), height_ratios=(3, 1.3))
+    fig.suptitle(title or f"Packing into rows of {plan.pack_size} tokens", fontsize=13)
+    padding_style = {"facecolor": "white", "hatch": "///", "edgecolor": "#999999", "linewidth": 0}
+    top.barh(np.arange(n_rows), plan.pack_size, height=0.8, **padding_style)
     top.barh(row_of, widths, left=left, color=colours, height=0.8, edgecolor="black", linewidth=0.4)
     top.set_xlim(0, plan.pack_size)
     top.set_ylim(n_rows - 0.5, -0.5)
-    top.set_xlabel("tokens")
-    top.set_ylabel("row")
+    top.set_xlabel(f"token position in the row (pack_size {plan.pack_size})")
+    top.set_ylabel("row (planned order)")
     top.set_title(
-        f"{plan.num_rows} rows of {plan.pack_size} (lower bound {plan.lower_bound_rows}), "
-        f"efficiency {plan.efficiency:.2%}; first {n_rows} rows shown, one colour per sample"
+        f"first {n_rows} of {plan.num_rows} rows (lower bound {plan.lower_bound_rows}); "
+        f"efficiency {plan.efficiency:.2%} (non-pad tokens / slots)",
+        fontsize=10,
+        loc="right",
     )
-    bottom.hist(lengths, bins=60, color="#4c72b0")
+    # Above the bars, left of the title, so it never hides a row.
+    top.legend(
+        handles=[
+            Patch(facecolor=palette[0], edgecolor="black", label="sample (colours cycle)"),
+            Patch(label="padding", **{**padding_style, "linewidth": 0.5}),
+        ],
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncols=2,
+        frameon=False,
+        fontsize=9,
+        borderaxespad=0.2,
+    )
+    bins = np.linspace(0, max(int(lengths.max(initial=1)), plan.pack_size), 61)
+    bottom.hist(lengths, bins=bins, color="#4c72b0", label=f"{lengths.shape[0]} samples")
     bottom.axvline(plan.pack_size, color="#c44e52", linestyle="--", label=f"pack_size {plan.pack_size}")
+    if plan.dropped:
+        bottom.axvspan(
+            plan.pack_size,
+            bins[-1],
+            color="#c44e52",
+            alpha=0.12,
+            label=f"dropped: {len(plan.dropped)} longer",
+        )
+    bottom.set_title("sample lengths", fontsize=10)
     bottom.set_xlabel("sample length (tokens)")
     bottom.set_ylabel("samples")
-    bottom.legend()
+    bottom.legend(fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)
@@ -476,18 +491,19 @@ def _run_pack_report(args: argparse.Namespace) -> int:
 
     from puzzletron.dataset.config import PackingSpec
     from puzzletron.dataset.packing import plan_packing
-    from puzzletron.dataset.text import tokenize_conversations
+    from puzzletron.dataset.text import load_text_split, tokenize_conversations
 
     datasets.disable_progress_bars()
     start = time.perf_counter()
-    rows = _load_split(Path(args.snapshot), args.split)
+    rows = load_text_split(Path(args.snapshot), split=args.split)
     tokenized = tokenize_conversations(rows, tokenizer=Path(args.tokenizer), num_proc=args.num_proc)
     tokenize_s = time.perf_counter() - start
     lengths = tokenized.samples.lengths
     start = time.perf_counter()
     plan = plan_packing(lengths, PackingSpec(pack_size=args.pack_size), seed=args.seed)
     plan_s = time.perf_counter() - start
-    draw_packing(plan, lengths, Path(args.out))
+    title = f"Packing of {Path(args.snapshot).name} [{args.split}] into rows of {plan.pack_size} tokens"
+    draw_packing(plan, lengths, Path(args.out), title=title)
     summary = plan.summary()
     print(f"snapshot        {args.snapshot} [{args.split}]: {len(rows)} rows")
     print(

@@ -28,6 +28,7 @@ packing (``packed_varlen``), deal to this DP rank, and build each `PuzzletronBat
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -290,6 +291,20 @@ class TextBatches:
 
     def __iter__(self) -> Iterator[PuzzletronBatch]:
         return (self.dataset[key] for key in self.sampler)
+
+    def for_rank(self, dp_rank: int) -> TextBatches:
+        """The same tokens and plan dealt to another DP rank (a fresh sampler at epoch 0, same settings)."""
+        s = self.sampler
+        sampler = DistributedPackSampler(
+            s.num_items,
+            batch_size=s.batch_size,
+            dp_rank=dp_rank,
+            dp_size=s.dp_size,
+            seed=s.seed,
+            shuffle=s.shuffle,
+            drop_last=s.drop_last,
+        )
+        return dataclasses.replace(self, sampler=sampler)
 
     def loader(self, *, num_workers: int = 0) -> torch.utils.data.DataLoader:
         """A DataLoader yielding the same batches (``batch_size=None``: one `BatchKey` -> one batch)."""
