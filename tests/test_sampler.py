@@ -100,6 +100,22 @@ def test_a_rank_with_nothing_left_gets_a_fully_masked_padding_batch():
     assert batch.input_ids.shape == (bs, PACK)
 
 
+def test_drop_last_sampler_yields_only_full_batches_of_real_packs():
+    dataset = _packed_dataset()
+    n = len(dataset)
+    dp, bs = 4, next(b for b in range(1, n + 1) if n % (4 * b))  # a batch size that leaves a tail
+    keys = [
+        key
+        for rank in range(dp)
+        for key in DistributedPackSampler(n, batch_size=bs, dp_rank=rank, dp_size=dp, seed=0, drop_last=True)
+    ]
+    assert len(keys) == dp * (n // (dp * bs))
+    assert all(len(k.items) == bs and not k.is_padding for k in keys)
+    assert all(not dataset[k].source_metadata["padding"] for k in keys[:2])
+    dealt = [i for k in keys for i in k.items]
+    assert len(set(dealt)) == len(dealt) == n - n % (dp * bs)  # only the incomplete last step is dropped
+
+
 def test_sampler_rejects_a_state_from_other_deal_settings():
     sampler = DistributedPackSampler(50, batch_size=2, dp_rank=0, dp_size=2, seed=0)
     other = DistributedPackSampler(50, batch_size=3, dp_rank=0, dp_size=2, seed=0)
