@@ -202,29 +202,18 @@ def test_build_batches_padded_golden(tokenizer_dir: Path, multiple: int, width: 
     assert batch.sample_ids == ("a", "b")
 
 
+def _fixed_batch(tokenizer_dir: Path, max_sample_length: int) -> PuzzletronBatch:
+    spec = PuzzletronDataSpec("text", "fixed", max_sample_length)
+    return _only_batch(build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=2, shuffle=False))
+
+
 def test_build_batches_fixed_golden_truncates_and_pads_to_max_sample_length(tokenizer_dir: Path):
-    short = _only_batch(
-        build_batches(
-            ROWS,
-            tokenizer=tokenizer_dir,
-            spec=PuzzletronDataSpec("text", "fixed", 12),
-            batch_size=2,
-            shuffle=False,
-        )
-    )
+    short = _fixed_batch(tokenizer_dir, 12)
     assert short.layout is DataLayout.FIXED
     assert short.input_ids.tolist() == [IDS_A[:12], IDS_B[:12]]
     # Truncated: the kept tokens keep their true targets (the "\n" before the reply still predicts it).
     assert short.labels.tolist() == [[X] * 11 + [63], [X] * 11 + [53]]
-    long = _only_batch(
-        build_batches(
-            ROWS,
-            tokenizer=tokenizer_dir,
-            spec=PuzzletronDataSpec("text", "fixed", 18),
-            batch_size=2,
-            shuffle=False,
-        )
-    )
+    long = _fixed_batch(tokenizer_dir, 18)
     assert long.input_ids.tolist() == [[*IDS_A, 0, 0], [*IDS_B, 0, 0, 0]]
     assert long.labels.tolist() == [[*LABELS_A, X, X], [*LABELS_B, X, X, X]]
 
