@@ -16,6 +16,7 @@ from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_p
 from puzzletron.dataset import batch_from_automodel
 from puzzletron.dataset.automodel import forward_kwargs
 from puzzletron.dataset.errors import BatchValidationError
+from puzzletron.dataset.parallel import batch_cp_indices
 
 HEADS, DIM = 2, 4
 
@@ -209,3 +210,90 @@ def test_mrope_positions_are_kept() -> None:
         layout="packed_varlen",
     )
     assert forward_kwargs(batch, backend="flash")["position_ids"] is mrope
+
+
+def test_flash_segments_never_cross_a_row_even_between_padding_runs() -> None:
+    # Row 0 ends with padding and row 1 is padding only (as `pad_batch_to_multiple` adds): two segments.
+    batch = _packed([[1, 1, 0, 0], [0, 0, 0, 0]])
+    assert forward_kwargs(batch, backend="flash")["cu_seq_lens_q"].tolist() == [0, 2, 4, 8]
+
+
+def test_te_padded_cu_with_padding_between_documents() -> None:
+    # THD with CP padding: seq_lens [[3, 2]], seq_lens_padded [[4, 4]] (TE's "with offset" cu).
+    batch = batch_from_automodel(
+        {
+            "input_ids": torch.zeros(1, 8, dtype=torch.long),
+            "seq_lens": torch.tensor([[3, 2]]),
+            "seq_lens_padded": torch.tensor([[4, 4]]),
+        },
+        sample_ids=["thd"],
+        source_metadata={},
+        layout="packed_varlen",
+    )
+    kwargs = forward_kwargs(batch, backend="te_thd")
+    assert kwargs["cu_seqlens_q"].tolist() == [0, 3, 5]
+    assert kwargs["cu_seqlens_q_padded"].tolist() == [0, 4, 8]
+    assert kwargs["max_seqlen_q"] == 3
+    q, k, v = _qkv(8)
+    valid = (batch.sequence.seq_ids >= 0).reshape(-1)
+    torch.testing.assert_close(
+        te_thd_reference(q, k, v, **kwargs)[valid],
+        per_document(q, k, v, batch.sequence.seq_ids)[valid],
+        rtol=0,
+        atol=1e-12,
+    )
+
+
+def test_load_balanced_cp_golden_keeps_rope_positions() -> None:
+    # Two 8-token documents, cp_size 2: rank 0 holds chunks 0 and 3 of each (tokens 0,1,6,7 | 8,9,14,15).
+    batch = _packed([[1] * 8 + [2] * 8])
+    batch = batch.replace_model_kwargs(position_ids=forward_kwargs(batch, backend="flash")["position_ids"])
+    indices = batch_cp_indices(batch, cp_rank=0, cp_size=2)
+    assert indices.tolist() == [0, 1, 6, 7, 8, 9, 14, 15]
+    local = batch.cp_partition(indices, cp_rank=0, cp_size=2)
+    flash = forward_kwargs(local, backend="flash")
+    assert flash["cu_seq_lens_q"].tolist() == [0, 4, 8]
+    assert flash["position_ids"].tolist() == [[0, 1, 6, 7, 0, 1, 6, 7]]  # not 0,1,2,3: RoPE stays exact
+    thd = forward_kwargs(local, backend="te_thd")
+    assert thd["cu_seqlens_q"].tolist() == thd["cu_seqlens_q_padded"].tolist() == [0, 4, 8]
+
+
+def test_cp_local_batch_without_position_ids_gets_none_rather_than_wrong_ones() -> None:
+    batch = _packed([[1] * 8 + [2] * 8])
+    local = batch.cp_partition(batch_cp_indices(batch, cp_rank=0, cp_size=2), cp_rank=0, cp_size=2)
+    assert "position_ids" not in forward_kwargs(local, backend="flash")
+    assert "position_ids" not in forward_kwargs(local, backend="te_thd")
+
+
+@pytest.mark.parametrize("cp_size", [2, 3])
+@pytest.mark.parametrize(
+    ("backend", "reference"), [("flash", flash_varlen_reference), ("te_thd", te_thd_reference)]
+)
+def test_load_balanced_cp_every_rank_attends_exactly_within_its_documents(
+    cp_size: int, backend: str, reference
+) -> None:
+    # One packed row: documents of 9, 4, 12 and 1 tokens, then 3 padding tokens.
+    doc_ids = [1] * 9 + [2] * 4 + [3] * 12 + [4] + [0] * 3
+    batch = _packed([doc_ids])
+    positions = _expected_positions(batch.sequence.seq_ids)
+    batch = batch.replace_model_kwargs(position_ids=positions)
+    held = []
+    for rank in range(cp_size):
+        indices = batch_cp_indices(batch, cp_rank=rank, cp_size=cp_size)
+        held.append(indices)
+        local = batch.cp_partition(indices, cp_rank=rank, cp_size=cp_size)
+        seq_ids = local.sequence.seq_ids
+        assert int(seq_ids.max()) > int(seq_ids[seq_ids >= 0].min())  # the rank holds several documents
+        kwargs = forward_kwargs(local, backend=backend)
+        cu_key = "cu_seq_lens_q" if backend == "flash" else "cu_seqlens_q"
+        local_docs = torch.tensor(doc_ids)[indices]
+        if backend == "te_thd":  # per-document local token counts, written from the map
+            counts = [int((local_docs == d).sum()) for d in range(1, 5)]
+            assert kwargs[cu_key].diff().tolist() == [c for c in counts if c]
+        q, k, v = _qkv(seq_ids.numel())
+        valid = (seq_ids >= 0).reshape(-1)
+        torch.testing.assert_close(
+            reference(q, k, v, **kwargs)[valid], per_document(q, k, v, seq_ids)[valid], rtol=0, atol=1e-12
+        )
+        assert torch.equal(kwargs["position_ids"], positions[:, indices])
+    assert torch.equal(torch.cat(held).sort().values, torch.arange(len(doc_ids)))
