@@ -11,6 +11,7 @@ from the subset's declared image counts, never from the code under test.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,10 @@ import torch
 from nemo_automodel.components.datasets.llm.formatting_utils import format_chat_template
 from nemo_automodel.components.datasets.llm.neat_packing import neat_pack_dataset
 from nemo_automodel.components.datasets.llm.packed_sequence import pack_dataset
+from nemo_automodel.components.datasets.packed_seq import packed_seq_params_from_doc_ids
 from nemo_automodel.components.datasets.packing import get_seqlens_in_batch
 from nemo_automodel.components.datasets.utils import (
+    build_packed_sequence_metadata,
     default_collater,
     neat_packed_collater,
     packed_sequence_thd_collater,
@@ -35,6 +38,7 @@ from nemo_automodel.components.datasets.vlm.collate_fns import (
 )
 from nemo_automodel.components.datasets.vlm.datasets import PreTokenizedDatasetWrapper
 from nemo_automodel.components.datasets.vlm.neat_packing_vlm import neat_pack_dataset_vlm
+from nemo_automodel.components.distributed.thd_utils import process_input_for_thd
 from PIL import Image
 from transformers import AutoTokenizer
 
@@ -46,6 +50,9 @@ from puzzletron.dataset import (
     load_materialized_conversation_dataset,
     materialize_normalized_conversation_samples,
 )
+from puzzletron.dataset.automodel import forward_kwargs
+from puzzletron.dataset.errors import BatchValidationError
+from puzzletron.dataset.parallel import batch_cp_indices
 from puzzletron.fixtures.tokenizer import (
     build_chat_tokenizer,
     build_qwen2_5_vl_processor,
@@ -54,6 +61,9 @@ from puzzletron.fixtures.tokenizer import (
 
 PACKED = DataLayout.PACKED_VARLEN
 MASK_TYPES = ("block_causal", "document_ids", "flash_varlen")
+FLASH_KWARGS = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}
+# Row-aligned kwargs a row split must slice, never rebuild: [B, ...] tensors of the collator.
+ROW_LOCAL_KWARGS = ("cu_seqlens", "packed_token_indices", "seq_lens", "seq_lens_padded")
 IMAGE_COUNTS = (1, 2, 0, 1, 1, 2, 0, 1)  # declared per conversation of the VLM subset
 
 
@@ -150,6 +160,126 @@ def _check_packed_against_doc_ids(batch: PuzzletronBatch, doc_ids: torch.Tensor)
     assert batch.sequence.max_seqlen == int(lengths.max())
 
 
+def _thd_doc_ids(seq_lens: torch.Tensor, seq_lens_padded: torch.Tensor, length: int) -> torch.Tensor:
+    """The THD collator's own map, written out: document k fills ``seq_lens[k]`` tokens of its span."""
+    rows = []
+    for lens, spans in zip(seq_lens.tolist(), seq_lens_padded.tolist(), strict=True):
+        row = []
+        for k, (n, span) in enumerate(zip(lens, spans, strict=True)):
+            if n >= 0:
+                row += [k + 1] * n + [0] * (span - n)
+        rows.append(row + [0] * (length - len(row)))
+    return torch.tensor(rows)
+
+
+def _check_labels(batch: PuzzletronBatch, labels_before: torch.Tensor, doc_ids: torch.Tensor) -> None:
+    """Labels equal the collator's on every document token and are -100 on padding (never shifted)."""
+    expected = labels_before.masked_fill(doc_ids == 0, -100)
+    assert torch.equal(batch.labels, expected)
+    assert torch.equal(batch.ce_mask, (expected != -100) & (doc_ids > 0))
+
+
+def _split_sizes(batch_size: int) -> list[int]:
+    """dp sizes a row split accepts: the smallest divisor > 1 of B, and B (one row per rank)."""
+    assert batch_size >= 2, "a row split needs two rows: the test would pass vacuously"
+    smallest = next(d for d in range(2, batch_size + 1) if batch_size % d == 0)
+    return sorted({smallest, batch_size})
+
+
+def _check_row_group(
+    group: PuzzletronBatch,
+    batch: PuzzletronBatch,
+    collated: dict[str, Any],
+    doc_ids: torch.Tensor,
+    start: int,
+) -> None:
+    """Rows ``[start, start + group.batch_size)`` keep tokens, labels, documents and row-local kwargs."""
+    dataclasses.replace(group)  # re-validates the derived batch
+    stop = start + group.batch_size
+    group_doc = doc_ids[start:stop]
+    assert group.sample_ids == batch.sample_ids[start:stop]
+    assert torch.equal(group.input_ids, batch.input_ids[start:stop])
+    assert torch.equal(group.labels, batch.labels[start:stop])
+    assert torch.equal(group.hidden_mask, group_doc > 0)
+    for key in ROW_LOCAL_KWARGS:
+        if isinstance(collated.get(key), torch.Tensor):
+            assert torch.equal(group.model_kwargs[key], collated[key][start:stop]), key
+    assert not FLASH_KWARGS & set(group.model_kwargs)  # stale flat offsets are dropped, never kept
+    if group.layout is not PACKED:
+        return
+    if group_doc.any():
+        _check_packed_against_doc_ids(group, group_doc)
+        if isinstance(collated.get("max_seqlen"), int):
+            assert group.model_kwargs["max_seqlen"] == build_packed_sequence_metadata(group_doc)["max_seqlen"]
+    # forward_kwargs rebuilds what the collator would emit for these rows alone (AutoModel's own builder).
+    flash = forward_kwargs(group, backend="flash")
+    reference = packed_seq_params_from_doc_ids(group_doc)
+    assert torch.equal(flash["cu_seq_lens_q"], reference.cu_seqlens)
+    assert flash["max_length_q"] == reference.max_seqlen
+
+
+def _check_row_splits(
+    batch: PuzzletronBatch, collated: dict[str, Any], doc_ids: torch.Tensor, counts: list[int] | None = None
+) -> None:
+    """``dp_slice`` and ``pp_microbatches`` against the collator's own map (and images, when given)."""
+    splits = [
+        tuple(batch.dp_slice(dp_rank=r, dp_size=n) for r in range(n)) for n in _split_sizes(batch.batch_size)
+    ]
+    splits += [batch.pp_microbatches(2), batch.pp_microbatches(batch.batch_size)]
+    for groups in splits:
+        start = 0
+        for group in groups:
+            _check_row_group(group, batch, collated, doc_ids, start)
+            start += group.batch_size
+        assert start == batch.batch_size
+        if counts is not None:
+            _check_row_groups_keep_images(batch, groups, counts)
+
+
+def _check_cp_partition(batch: PuzzletronBatch, collated: dict[str, Any], doc_ids: torch.Tensor) -> None:
+    """Load-balanced ``cp_partition`` (2 ranks): each rank's documents = the collator's map at its tokens."""
+    if isinstance(collated.get("attention_mask"), torch.Tensor) and collated["attention_mask"].dim() == 4:
+        with pytest.raises(BatchValidationError, match="4-D"):  # refused, not split inexactly
+            batch.cp_partition(torch.arange(0, batch.sequence_length, 2), cp_rank=0, cp_size=2)
+        return
+    indices = [batch_cp_indices(batch, cp_rank=r, cp_size=2) for r in range(2)]
+    assert torch.equal(torch.cat(indices).sort().values, torch.arange(batch.sequence_length))
+    for rank, idx in enumerate(indices):
+        local = batch.cp_partition(idx, cp_rank=rank, cp_size=2)
+        dataclasses.replace(local)  # re-validates
+        local_doc = doc_ids[:, idx]
+        assert torch.equal(local.input_ids, batch.input_ids[:, idx])
+        assert torch.equal(local.labels, batch.labels[:, idx])
+        assert torch.equal(local.hidden_mask, local_doc > 0)
+        assert not FLASH_KWARGS & set(local.model_kwargs)
+        if batch.sequence.media_counts is not None:
+            _check_cp_keeps_media(batch, local, idx)
+        if batch.layout is not PACKED:
+            continue
+        seq_ids = local.sequence.seq_ids
+        assert torch.equal(seq_ids[:, 1:] != seq_ids[:, :-1], local_doc[:, 1:] != local_doc[:, :-1])
+        lengths = get_seqlens_in_batch(local_doc)
+        assert local.sequence.local_cu_seqlens.diff().tolist() == lengths.tolist()
+        assert torch.equal(local.sequence.global_cu_seqlens, batch.sequence.global_cu_seqlens)
+        metadata = build_packed_sequence_metadata(local_doc)  # what the collator emits for this layout
+        if "packed_token_indices" in collated:
+            assert torch.equal(local.model_kwargs["packed_token_indices"], metadata["packed_token_indices"])
+        if "cu_seqlens" in collated:
+            cu = local.model_kwargs["cu_seqlens"]
+            width = metadata["cu_seqlens"].shape[1]
+            assert torch.equal(cu[:, :width], metadata["cu_seqlens"]) and bool((cu[:, width:] == -1).all())
+        if "seq_lens" in collated:
+            seq_lens = local.model_kwargs["seq_lens"]
+            assert seq_lens[seq_lens > 0].tolist() == lengths.tolist()
+        position_ids = collated.get("position_ids")
+        flash = forward_kwargs(local, backend="flash")
+        assert torch.equal(flash["cu_seq_lens_q"], packed_seq_params_from_doc_ids(local_doc).cu_seqlens)
+        if isinstance(position_ids, torch.Tensor):  # the collator's positions, gathered: RoPE stays exact
+            assert torch.equal(flash["position_ids"], position_ids[..., idx])
+        thd = forward_kwargs(local, backend="te_thd")
+        assert thd["cu_seqlens_q"].diff().tolist() == lengths.tolist()
+
+
 # --- text ---------------------------------------------------------------------------------------------------
 
 
@@ -168,6 +298,10 @@ def test_default_collater(text_samples: list[dict[str, Any]], layout: str) -> No
     assert batch.modality is Modality.TEXT
     if layout == PACKED:
         assert batch.sequence.global_cu_seqlens.diff().tolist() == _lengths(samples)
+    doc_ids = collated["attention_mask"].long()  # the collator's map: one document per row
+    _check_labels(batch, labels, doc_ids)
+    _check_row_splits(batch, collated, doc_ids)
+    _check_cp_partition(batch, collated, doc_ids)
 
 
 @pytest.mark.parametrize("cp_size", [1, 2])
@@ -196,6 +330,19 @@ def test_thd_packing(text_samples: list[dict[str, Any]], cp_size: int) -> None:
     assert batch.model_kwargs["qkv_format"] == "thd"
     if cp_size == 2:
         assert bool((padded >= seq_lens).all()) and bool((padded > seq_lens).any())  # CP gaps exist
+    # Transformer Engine kwargs equal AutoModel's own THD conversion (real and padded cu over B*T).
+    reference = process_input_for_thd(dict(collated))
+    thd = forward_kwargs(batch, backend="te_thd")
+    assert torch.equal(thd["cu_seqlens_q"], reference["cu_seqlens"])
+    assert torch.equal(
+        thd["cu_seqlens_q_padded"], reference.get("cu_seqlens_padded", reference["cu_seqlens"])
+    )
+    doc_ids = _thd_doc_ids(seq_lens, padded, collated["input_ids"].shape[1])
+    assert int(doc_ids.max()) >= 2  # packs really hold several documents
+    _check_packed_against_doc_ids(batch, doc_ids)
+    _check_labels(batch, labels, doc_ids)
+    _check_row_splits(batch, collated, doc_ids)
+    _check_cp_partition(batch, collated, doc_ids)
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +384,9 @@ def test_neat_packing_every_mask_form(
         stripped = {k: v for k, v in collated.items() if k != "_packed_seq_ids"}
         again = _convert(stripped, PACKED)
         assert torch.equal(again.sequence.seq_ids, batch.sequence.seq_ids)
+    _check_labels(batch, labels, doc_ids)
+    _check_row_splits(batch, collated, doc_ids)
+    _check_cp_partition(batch, collated, doc_ids)
 
 
 @pytest.mark.parametrize("mask_type", MASK_TYPES)
@@ -250,14 +400,21 @@ def test_neat_packing_with_one_document_per_pack_keeps_cu(
     packs = neat_pack_dataset(
         datasets.Dataset.from_list(copy.deepcopy(single)), split=None, pack_size=pack_size
     )
-    collated = neat_packed_collater([packs[i] for i in range(len(packs))], packing=Contract(mask_type, False))
+    items = [packs[i] for i in range(len(packs))]
+    collated = neat_packed_collater(copy.deepcopy(items), packing=Contract(mask_type, False))
     assert "_packed_seq_ids" not in collated  # AutoModel drops the map when no pack holds two documents
+    doc_ids = torch.stack([torch.as_tensor(item["attention_mask"]) for item in items])  # the packer's map
+    labels = collated["labels"].clone()
     batch = _convert(collated, PACKED)
     expected = sorted(_lengths(single))
     assert sorted(batch.sequence.global_cu_seqlens.diff().tolist()) == expected
     assert batch.sequence.seq_ids is not None
     assert int(batch.hidden_mask.sum()) == sum(expected)
     assert batch.sequence.seq_ids.amax(dim=1).tolist() == list(range(len(single)))  # one sample per row
+    _check_packed_against_doc_ids(batch, doc_ids)
+    _check_labels(batch, labels, doc_ids)
+    _check_row_splits(batch, collated, doc_ids)
+    _check_cp_partition(batch, collated, doc_ids)
 
 
 # --- VLM ----------------------------------------------------------------------------------------------------
@@ -305,15 +462,12 @@ def _check_row_groups_keep_images(
     assert row == batch.batch_size
 
 
-def _check_cp_keeps_media(batch: PuzzletronBatch) -> None:
-    length = batch.sequence_length
-    for rank in range(2):
-        indices = torch.arange(rank, length, 2)
-        local = batch.cp_partition(indices, cp_rank=rank, cp_size=2)
-        assert local.model_kwargs["pixel_values"] is batch.model_kwargs["pixel_values"]
-        assert local.model_kwargs["image_grid_thw"] is batch.model_kwargs["image_grid_thw"]
-        assert torch.equal(local.sequence.media_counts, batch.sequence.media_counts)
-        assert torch.equal(local.input_ids, batch.input_ids[:, indices])
+def _check_cp_keeps_media(batch: PuzzletronBatch, local: PuzzletronBatch, indices: torch.Tensor) -> None:
+    """Every CP rank holds the whole media of the batch (each rank runs the vision tower)."""
+    assert local.model_kwargs["pixel_values"] is batch.model_kwargs["pixel_values"]
+    assert local.model_kwargs["image_grid_thw"] is batch.model_kwargs["image_grid_thw"]
+    assert torch.equal(local.sequence.media_counts, batch.sequence.media_counts)
+    assert torch.equal(local.input_ids, batch.input_ids[:, indices])
 
 
 @pytest.mark.parametrize("collate", [default_collate_fn, qwen2_5_collate_fn], ids=["default", "qwen2_5"])
@@ -332,12 +486,10 @@ def test_vlm_collators(vlm_dataset: Any, processor: Any, collate: Any) -> None:
     per_image = (batch.model_kwargs["image_grid_thw"].prod(dim=1) // 4).tolist()
     starts, _ = _image_ranges(counts, batch.model_kwargs["image_grid_thw"])
     assert image_tokens.tolist() == [sum(per_image[starts[r] : starts[r + 1]]) for r in range(4)]
-    _check_row_groups_keep_images(
-        batch, tuple(batch.dp_slice(dp_rank=r, dp_size=2) for r in range(2)), counts
-    )
-    _check_row_groups_keep_images(batch, batch.pp_microbatches(2), counts)
-    _check_row_groups_keep_images(batch, batch.pp_microbatches(4), counts)
-    _check_cp_keeps_media(batch)
+    doc_ids = collated["attention_mask"].long()
+    _check_labels(batch, labels, doc_ids)
+    _check_row_splits(batch, collated, doc_ids, counts)
+    _check_cp_partition(batch, collated, doc_ids)
 
 
 def test_vlm_pretokenized_pad_collate(vlm_dataset: Any, processor: Any) -> None:
@@ -352,11 +504,10 @@ def test_vlm_pretokenized_pad_collate(vlm_dataset: Any, processor: Any) -> None:
     longest = max(e["input_ids"].shape[0] for e in examples)
     expected = sum(min(int(e["attention_mask"].sum()), longest - 1) for e in examples)
     assert int(batch.hidden_mask.sum()) == expected
-    _check_row_groups_keep_images(batch, batch.pp_microbatches(2), counts)
-    _check_row_groups_keep_images(
-        batch, tuple(batch.dp_slice(dp_rank=r, dp_size=4) for r in range(4)), counts
-    )
-    _check_cp_keeps_media(batch)
+    doc_ids = collated["attention_mask"].long()
+    _check_labels(batch, collated["labels"], doc_ids)
+    _check_row_splits(batch, collated, doc_ids, counts)
+    _check_cp_partition(batch, collated, doc_ids)
 
 
 @pytest.fixture(scope="module")
@@ -394,9 +545,8 @@ def vlm_packs(vlm_dataset: Any, processor: Any) -> Any:
     return packs, [packs[i] for i in range(len(packs))]
 
 
-@pytest.mark.parametrize(
-    ("mask_type", "metadata"), [("document_ids", False), ("block_causal", False), ("document_ids", True)]
-)
+@pytest.mark.parametrize("metadata", [False, True])
+@pytest.mark.parametrize("mask_type", MASK_TYPES)
 def test_vlm_neat_packing_with_mrope(
     vlm_packs: Any, vlm_dataset: Any, mask_type: str, metadata: bool
 ) -> None:
@@ -410,25 +560,16 @@ def test_vlm_neat_packing_with_mrope(
         max(len(bin_) for bin_ in packs.bins) >= 2 and max(counts) >= 2
     )  # multi-document, multi-image packs
     doc_ids = collated["_packed_seq_ids"]
+    labels = collated["labels"].clone()
     batch = _convert(dict(collated), PACKED)
     _check_media(batch, counts)
     _check_packed_against_doc_ids(batch, doc_ids)
     assert batch.model_kwargs["position_ids"] is collated["position_ids"]
     # Every sample of the subset is in exactly one pack (lengths after the collator's shift).
     assert len(batch.sequence.sample_offsets) == sum(len(bin_) for bin_ in packs.bins) == len(vlm_dataset)
-    if metadata:
-        return  # per-row [B, D+1] cu_seqlens kwargs: row splits are the batch's business (see report)
-    if rows % 2:
-        batch = batch.pad_batch_to_multiple(2)
-        counts = [*counts, 0]
-    _check_row_groups_keep_images(batch, batch.pp_microbatches(2), counts)
-    _check_row_groups_keep_images(
-        batch, tuple(batch.dp_slice(dp_rank=r, dp_size=2) for r in range(2)), counts
-    )
-    if mask_type == "document_ids":
-        _check_cp_keeps_media(batch)
-        local = batch.cp_partition(torch.arange(0, batch.sequence_length, 2), cp_rank=0, cp_size=2)
-        assert torch.equal(local.model_kwargs["position_ids"][:, :rows], collated["position_ids"][:, :, ::2])
+    _check_labels(batch, labels, doc_ids)
+    _check_row_splits(batch, collated, doc_ids, counts)
+    _check_cp_partition(batch, collated, doc_ids)
 
 
 def test_vlm_thd_packing(vlm_packs: Any, vlm_dataset: Any) -> None:
@@ -443,6 +584,12 @@ def test_vlm_thd_packing(vlm_packs: Any, vlm_dataset: Any) -> None:
     assert int(batch.hidden_mask.sum()) == int(seq_lens.clamp(min=0).sum())
     assert torch.equal(batch.labels, collated["labels"])
     assert batch.model_kwargs["position_ids"].dim() == 3
+    doc_ids = _thd_doc_ids(seq_lens, collated["seq_lens_padded"], collated["input_ids"].shape[1])
+    assert int(doc_ids.max()) >= 2  # packs really hold several documents
+    _check_packed_against_doc_ids(batch, doc_ids)
+    _check_labels(batch, collated["labels"], doc_ids)
+    _check_row_splits(batch, collated, doc_ids, counts)
+    _check_cp_partition(batch, collated, doc_ids)
 
 
 # --- AutoModel's own YAML loader and VLM dataloader config ---------------------------------------------
