@@ -634,8 +634,17 @@ processor:
         batch_size=config.get("step_scheduler.local_batch_size", 1),
     )
     layout = PACKED if packed else "padded_varlen"
-    batches = [_convert(dict(collated), layout) for collated in built.dataloader]
+    collated_batches = [dict(collated) for collated in built.dataloader]
+    batches = [_convert(collated, layout) for collated in collated_batches]
     assert batches
+    for collated, batch in zip(collated_batches, batches, strict=True):
+        doc_ids = collated.get("_packed_seq_ids")
+        if doc_ids is None:  # one document per row: the collator's 2-D mask, or the block mask's diagonal
+            mask = collated["attention_mask"]
+            doc_ids = (mask.diagonal(dim1=-2, dim2=-1)[:, 0] if mask.dim() == 4 else mask).long()
+        assert torch.equal(batch.hidden_mask, doc_ids > 0)
+        if packed:
+            _check_packed_against_doc_ids(batch, doc_ids)
     images = sum(int(b.sequence.media_counts.sum()) for b in batches)
     assert images == sum(IMAGE_COUNTS)  # no fake images were injected, none lost
     for batch in batches:
@@ -643,6 +652,8 @@ processor:
     if packed:
         documents = sum(len(b.sequence.sample_offsets) for b in batches)
         assert documents == len(vlm_dataset)
+        assert documents > sum(b.batch_size for b in batches)  # some pack holds several documents
     else:
+        assert [b.batch_size for b in batches] == [2, 2, 2, 2]
         order = [c for b in batches for c in b.sequence.media_counts.tolist()]
         assert order == list(IMAGE_COUNTS)
