@@ -5,8 +5,9 @@
 them on loopback (olah), materialise the Puzzle-KD, Nemotron-VLM and InterSyn snapshots and verify them,
 turn the text split into packed batches with `build_batches`, deal them to two DP ranks, shard one over
 DP x CP x PP and check that it reassembles, and print a report (rows, tokens, packing efficiency,
-fingerprints, time per stage). Stages run in order; the first that fails is reported as ``FAIL`` with its
-error, the stages after it do not run (each needs the one before), and the exit code is 1.
+fingerprints, time per stage). Stages run in order and the demo stops at the first that fails: it is
+reported as ``FAIL`` with its error, the stages after it do not run (most need an earlier stage's result:
+the Hub, the snapshot, the batches) and are counted in the report, and the exit code is 1.
 
 ``pack-report`` plans the packing of a tokenised snapshot split and draws it (rows as bars split by sample,
 and the length histogram) into a PNG; the numbers go to stdout.
@@ -344,7 +345,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         for number, (name, body) in enumerate(STAGES, 1):
             stages.append(_run_stage(number, name, lambda st, body=body: body(demo, st)))
             if stages[-1].status == "FAIL":
-                break  # every later stage needs this one's result
+                break  # later stages need the Hub, snapshot or batches of earlier ones
     _print_report(demo, stages, time.perf_counter() - started)
     return 1 if stages[-1].status == "FAIL" else 0
 
