@@ -113,12 +113,18 @@ def _integer_tensor(value: Any, key: str) -> torch.Tensor:
     return tensor
 
 
+def _number_runs(starts: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per-row document ids ``[B, T]``: the number of run starts up to each valid token, minus 1; ``-1`` off
+    the valid tokens (``starts`` and ``valid`` are bool ``[B, T]``)."""
+    runs = starts.long().cumsum(dim=1).sub_(1)
+    return runs.masked_fill_(~valid, -1)
+
+
 def _run_ids(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Per-row run index ``[B, T]`` of maximal runs of equal values among valid tokens; ``-1`` elsewhere."""
     starts = valid.clone()
     starts[:, 1:] &= (values[:, 1:] != values[:, :-1]) | ~valid[:, :-1]
-    runs = starts.long().cumsum(dim=1) - 1
-    return torch.where(valid, runs, torch.full_like(runs, -1))
+    return _number_runs(starts, valid)
 
 
 def _ids_from_row_cu(cu: torch.Tensor, valid: torch.Tensor, key: str) -> torch.Tensor:
@@ -135,7 +141,7 @@ def _ids_from_row_cu(cu: torch.Tensor, valid: torch.Tensor, key: str) -> torch.T
         raise _error(f"{key!r} has a -1 entry before a boundary; -1 may only pad the end of a row")
     if bool(((cu[:, 1:] <= cu[:, :-1]) & used[:, 1:]).any()):
         raise _error(f"{key!r} must be strictly increasing in every row, got {cu.tolist()}")
-    last = torch.where(used, cu, torch.zeros_like(cu)).amax(dim=1)
+    last = torch.where(used, cu, 0).amax(dim=1)
     valid_counts = valid.sum(dim=1)
     if not torch.equal(last, valid_counts):
         raise _error(
@@ -143,9 +149,9 @@ def _ids_from_row_cu(cu: torch.Tensor, valid: torch.Tensor, key: str) -> torch.T
         )
     # rank: [B, T] index of each valid token among its row's valid tokens.
     rank = valid.long().cumsum(dim=1) - 1
-    ends = torch.where(used[:, 1:], cu[:, 1:], torch.full_like(cu[:, 1:], torch.iinfo(torch.long).max))
+    ends = torch.where(used[:, 1:], cu[:, 1:], torch.iinfo(torch.long).max)
     ids = torch.searchsorted(ends.contiguous(), rank.contiguous(), right=True)
-    return torch.where(valid, ids, torch.full_like(ids, -1))
+    return torch.where(valid, ids, -1)
 
 
 def _ids_from_thd(collated: Mapping[str, Any], shape: tuple[int, int]) -> torch.Tensor:
@@ -180,7 +186,7 @@ def _ids_from_thd(collated: Mapping[str, Any], shape: tuple[int, int]) -> torch.
     doc_c = doc.clamp(max=seq_lens.shape[1] - 1)
     start = ends.gather(1, doc_c) - padded.gather(1, doc_c)
     valid = inside & (positions - start < seq_lens.gather(1, doc_c))
-    return torch.where(valid, doc, torch.full_like(doc, -1))
+    return torch.where(valid, doc, -1)
 
 
 def _ids_from_flash_cu(collated: Mapping[str, Any], shape: tuple[int, int]) -> torch.Tensor:
@@ -221,9 +227,7 @@ def _ids_from_block_mask(mask: torch.Tensor) -> torch.Tensor:
     valid = allowed.diagonal(dim1=-2, dim2=-1)  # [B, T]
     continues = torch.zeros_like(valid)
     continues[:, 1:] = allowed.diagonal(offset=-1, dim1=-2, dim2=-1)  # token i may see token i-1
-    starts = valid & ~continues
-    runs = starts.long().cumsum(dim=1) - 1
-    return torch.where(valid, runs, torch.full_like(runs, -1))
+    return _number_runs(valid & ~continues, valid)
 
 
 def _plain_valid(collated: Mapping[str, Any], shape: tuple[int, int]) -> torch.Tensor | None:
@@ -266,7 +270,7 @@ def document_map(collated: Mapping[str, Any]) -> DocumentMap:
             valid = torch.ones(shape, dtype=torch.bool, device=input_ids.device)
         if collated.get("seq_idx") is not None:
             seq_idx = _require_bt(collated, "seq_idx", shape).long()
-            ids = torch.where(valid & (seq_idx >= 0), seq_idx, torch.full_like(seq_idx, -1))
+            ids = torch.where(valid & (seq_idx >= 0), seq_idx, -1)
             expected = canonical_packed_ids(ids).cu_seqlens
             if not torch.equal(cu.reshape(-1).to(expected), expected):
                 raise _error(
@@ -402,14 +406,13 @@ def batch_from_automodel(
     if labels is not None:
         key = "labels" if rows.get("labels") is not None else "targets"
         labels = _require_bt(rows, key, shape)
-        stray = ~valid & (labels != IGNORE_INDEX)
-        if bool(stray.any()):  # only copy when padding actually carries a label
-            labels = labels.masked_fill(stray, IGNORE_INDEX)
+        labelled = labels != IGNORE_INDEX
+        ce_mask = labelled & valid
+        if not torch.equal(ce_mask, labelled):  # padding carries a label: copy only then
+            labels = labels.masked_fill(~valid, IGNORE_INDEX)
     if rows.get("loss_mask") is not None:
         ce_mask = _require_bt(rows, "loss_mask", shape).bool() & valid
-    elif labels is not None:
-        ce_mask = (labels != IGNORE_INDEX) & valid
-    else:
+    elif labels is None:
         ce_mask = valid.clone()
 
     counts = _media_counts(rows, shape[0])
@@ -499,7 +502,7 @@ def forward_kwargs(batch: PuzzletronBatch, *, backend: Literal["flash", "te_thd"
     doc_starts = starts & valid
     doc_lengths = torch.zeros(total + 1, dtype=torch.long, device=flat.device)
     # Tokens per run, documents only (padding runs land in the discarded last bucket).
-    doc_index = torch.where(valid, doc_starts.long().cumsum(0) - 1, torch.full_like(flat, total))
+    doc_index = torch.where(valid, doc_starts.long().cumsum(0) - 1, total)
     doc_lengths.scatter_add_(0, doc_index, torch.ones_like(doc_index))
     n_docs = int(doc_starts.sum())
     cu_valid = torch.zeros(n_docs + 1, dtype=torch.int32, device=flat.device)
