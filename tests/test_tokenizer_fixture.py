@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
 
 import pytest
@@ -27,9 +26,7 @@ def _digest(directory: Path) -> str:
 
 
 def test_tokenizer_round_trips_through_autotokenizer(tmp_path: Path) -> None:
-    start = time.perf_counter()
     assert build_chat_tokenizer(tmp_path / "tok") == tmp_path / "tok"
-    assert time.perf_counter() - start < 2.0
     tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
     assert tok.pad_token == "<|endoftext|>"
     assert tok.eos_token == "<|im_end|>"
