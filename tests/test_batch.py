@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import puzzletron.dataset.batch as batch_module
-from puzzletron.dataset import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch
+from puzzletron.dataset import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch, _validation
 from puzzletron.dataset.errors import BatchValidationError
 
 
@@ -334,7 +334,7 @@ def test_derived_batches_skip_validation_and_never_hash(monkeypatch: pytest.Monk
     def boom(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("must not run")
 
-    monkeypatch.setattr(batch_module, "_validate", boom)
+    monkeypatch.setattr(_validation, "validate", boom)
     monkeypatch.setattr(batch_module, "fingerprint_of", boom)
     b.to(torch.float16)
     b.dp_slice(dp_rank=1, dp_size=2)

@@ -28,15 +28,14 @@ from collections.abc import Sequence
 import torch
 
 from puzzletron.dataset import _segments
-from puzzletron.dataset.batch import (
-    DataLayout,
-    PuzzletronBatch,
-    _assemble,
-    _cu_kwarg_updates,
-    _Path,
-    _sequence_axis_tensors,
-    _token_layout_updates,
+from puzzletron.dataset._batch_keys import Path
+from puzzletron.dataset._batch_ops import (
+    assemble,
+    cu_kwarg_updates,
+    sequence_axis_tensors,
+    token_layout_updates,
 )
+from puzzletron.dataset.batch import DataLayout, PuzzletronBatch
 from puzzletron.dataset.errors import BatchValidationError
 
 __all__ = [
@@ -179,8 +178,8 @@ def gather_cp_partitions(
             )
     inv = inverse_cp_permutation(token_indices)
     first = partitions[0]
-    tables = [_sequence_axis_tensors(part) for part in partitions]
-    tensors: dict[_Path, torch.Tensor] = {}
+    tables = [sequence_axis_tensors(part) for part in partitions]
+    tensors: dict[Path, torch.Tensor] = {}
     for path, (t0, dim) in tables[0].items():
         if any(path not in table for table in tables):
             raise BatchValidationError(f"partitions disagree on which tensors they hold ({path[1]!r})")
@@ -191,10 +190,10 @@ def gather_cp_partitions(
         tensors[("seq", "seq_ids")] = joined.index_select(1, inv.to(joined.device))
     cu = first.sequence.global_cu_seqlens
     global_max = _segments.max_segment_length(cu) if cu is not None else None
-    kwargs_updates = _cu_kwarg_updates(first, cu, global_max, "gather_cp_partitions")
+    kwargs_updates = cu_kwarg_updates(first, cu, global_max, "gather_cp_partitions")
     restored_ids = tensors.get(("seq", "seq_ids"))
-    kwargs_updates.update(_token_layout_updates(first, restored_ids, "gather_cp_partitions"))
-    restored = _assemble(
+    kwargs_updates.update(token_layout_updates(first, restored_ids, "gather_cp_partitions"))
+    restored = assemble(
         first,
         tensors,
         kwargs_updates=kwargs_updates,

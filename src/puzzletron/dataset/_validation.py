@@ -1,0 +1,286 @@
+"""Construction rules of `PuzzletronBatch` (contract 3.1) and the small argument checks its methods share.
+
+Shape rules are host-side facts (``.shape``, ``.dtype``) and raise at once. Value rules are tensor
+reductions on the device the batch lives on, stacked into one boolean vector and read with a single host
+sync, so a batch built on an accelerator costs one sync, whatever its size or the number of rules. Every
+message names the field. Derived batches (``to``, splits, padding) never come through here: they are built
+from already valid parts by `_batch_ops`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from puzzletron.dataset import _segments
+from puzzletron.dataset._batch_keys import MASK_FIELDS, SEQUENCE_KWARGS
+from puzzletron.dataset.errors import BatchValidationError
+
+if TYPE_CHECKING:
+    from puzzletron.dataset.batch import PuzzletronBatch
+
+__all__ = [
+    "check_token_indices",
+    "coerce_enum",
+    "is_int",
+    "is_integer_dtype",
+    "require_int",
+    "require_tensor",
+    "validate",
+]
+
+
+def coerce_enum(enum_cls: type[Enum], value: Any, name: str) -> Any:
+    if isinstance(value, enum_cls):
+        return value
+    try:
+        return enum_cls(value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in enum_cls)
+        raise BatchValidationError(f"{name} must be one of {allowed}; got {value!r}") from None
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def require_int(value: Any, name: str, *, minimum: int) -> int:
+    if not is_int(value) or value < minimum:
+        raise BatchValidationError(f"{name} must be an int >= {minimum}; got {value!r}")
+    return value
+
+
+def require_tensor(value: Any, name: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise BatchValidationError(f"{name} must be a torch.Tensor; got {type(value).__name__}")
+    return value
+
+
+def is_integer_dtype(t: torch.Tensor) -> bool:
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+
+
+def validate(b: PuzzletronBatch, *, packed: bool) -> None:
+    """Contract 3.1 for ``b`` (``packed``: its layout is ``packed_varlen``; enums are coerced by the caller).
+
+    Shape rules raise immediately; value rules are batched into one host sync.
+    """
+    ids = b.model_kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise BatchValidationError(f"model_kwargs['input_ids'] must be a 2-D tensor [B, T]; got {got}")
+    B, T = ids.shape
+    if b.sample_ids and len(b.sample_ids) != B:
+        raise BatchValidationError(f"sample_ids must have B={B} entries; got {len(b.sample_ids)}")
+    for name in ("labels", *MASK_FIELDS):
+        t = getattr(b, name)
+        if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (B, T)):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise BatchValidationError(f"{name} must have shape [B, T] = [{B}, {T}]; got {got}")
+    for key in SEQUENCE_KWARGS:
+        t = b.model_kwargs.get(key)
+        if isinstance(t, torch.Tensor) and (t.dim() == 0 or t.shape[-1] != T):
+            raise BatchValidationError(
+                f"model_kwargs[{key!r}] must have the sequence length T={T} as last dim; got {tuple(t.shape)}"
+            )
+    pos = b.model_kwargs.get("position_ids")
+    if isinstance(pos, torch.Tensor) and not (
+        (pos.dim() == 2 and tuple(pos.shape) == (B, T)) or (pos.dim() == 3 and tuple(pos.shape[1:]) == (B, T))
+    ):
+        raise BatchValidationError(
+            f"model_kwargs['position_ids'] must be [B, T] = [{B}, {T}] or mRoPE [R, {B}, {T}]; "
+            f"got {tuple(pos.shape)}"
+        )
+    emb = b.model_kwargs.get("inputs_embeds")
+    if isinstance(emb, torch.Tensor) and (emb.dim() != 3 or tuple(emb.shape[:2]) != (B, T)):
+        raise BatchValidationError(
+            f"model_kwargs['inputs_embeds'] must be [B, T, H] with B={B}, T={T}; got {tuple(emb.shape)}"
+        )
+
+    checks: list[tuple[torch.Tensor, str]] = []
+    hidden = b.hidden_mask.bool() if b.hidden_mask is not None else None
+    if hidden is not None:
+        for name in ("ce_mask", "kd_mask"):
+            mask = getattr(b, name)
+            if mask is not None:
+                checks.append((~(mask.bool() & ~hidden).any(), f"{name} must be a subset of hidden_mask"))
+        if b.labels is not None:
+            checks.append(
+                (~((b.labels != -100) & ~hidden).any(), "labels must be -100 wherever hidden_mask is False")
+            )
+
+    seq = b.sequence
+    seq_ids = seq.seq_ids
+    if seq_ids is not None:
+        if tuple(seq_ids.shape) != (B, T) or not is_integer_dtype(seq_ids):
+            raise BatchValidationError(
+                f"sequence.seq_ids must be an integer tensor [B, T] = [{B}, {T}]; "
+                f"got {seq_ids.dtype} {tuple(seq_ids.shape)}"
+            )
+        checks.append(((seq_ids >= -1).all(), "sequence.seq_ids must be >= 0 on tokens and -1 on padding"))
+        if hidden is not None:
+            checks.append(((seq_ids >= 0).eq(hidden).all(), "sequence.seq_ids >= 0 must equal hidden_mask"))
+
+    if seq.global_cu_seqlens is not None:
+        _check_cu_values(b, B, T, checks, packed=packed)
+    elif seq.local_cu_seqlens is not None:
+        _check_cu_shape(seq.local_cu_seqlens, "sequence.local_cu_seqlens", minimum=1)
+        checks += _increasing(seq.local_cu_seqlens, "sequence.local_cu_seqlens")
+
+    counts = seq.media_counts
+    if counts is not None:
+        if counts.dim() != 1 or counts.numel() != B or not is_integer_dtype(counts):
+            raise BatchValidationError(
+                f"sequence.media_counts must be an integer tensor [B] with B={B}; "
+                f"got {counts.dtype} {tuple(counts.shape)}"
+            )
+        checks.append(((counts >= 0).all(), "sequence.media_counts must be >= 0"))
+        want = _segments.media_offsets_from_counts(counts)
+        if seq.media_offsets is not None:
+            if tuple(seq.media_offsets.shape) != (B + 1,):
+                raise BatchValidationError(
+                    f"sequence.media_offsets must have B+1={B + 1} entries; "
+                    f"got {tuple(seq.media_offsets.shape)}"
+                )
+            checks.append(
+                (
+                    seq.media_offsets.to(want.device).long().eq(want).all(),
+                    "sequence.media_offsets must be 0, cumsum(media_counts)",
+                )
+            )
+        grid = b.model_kwargs.get("image_grid_thw")
+        if isinstance(grid, torch.Tensor):
+            checks.append(
+                (
+                    want[-1].eq(grid.shape[0]),
+                    f"sequence.media_counts must sum to the {grid.shape[0]} rows of image_grid_thw",
+                )
+            )
+    elif seq.media_offsets is not None:
+        raise BatchValidationError("sequence.media_offsets needs sequence.media_counts")
+
+    if checks:
+        # The one host sync of validation (to CPU, whichever device the checks ran on).
+        device = checks[0][0].device
+        ok = torch.stack([c.reshape(()).to(device) for c, _ in checks]).cpu()
+        if not bool(ok.all()):
+            failed = int((~ok).nonzero()[0])
+            raise BatchValidationError(checks[failed][1])
+
+
+def _check_cu_shape(cu: torch.Tensor, name: str, *, minimum: int) -> None:
+    if cu.dim() != 1 or cu.numel() < minimum or not is_integer_dtype(cu):
+        raise BatchValidationError(
+            f"{name} must be a 1-D integer tensor with at least {minimum} entries; "
+            f"got {cu.dtype} {tuple(cu.shape)}"
+        )
+
+
+def _increasing(cu: torch.Tensor, name: str) -> list[tuple[torch.Tensor, str]]:
+    checks = [(cu[0].eq(0), f"{name} must start at 0")]
+    if cu.numel() > 1:
+        checks.append(((cu.diff() > 0).all(), f"{name} must be strictly increasing"))
+    return checks
+
+
+def _check_cu_values(
+    b: PuzzletronBatch, B: int, T: int, checks: list[tuple[torch.Tensor, str]], *, packed: bool
+) -> None:
+    seq = b.sequence
+    cu = seq.global_cu_seqlens
+    if not packed:
+        raise BatchValidationError(
+            f"sequence.global_cu_seqlens requires layout 'packed_varlen'; got layout {b.layout.value!r}"
+        )
+    # ``[0]`` is a packed batch of zero samples (only padding rows): the end rule below then needs zero valid
+    # tokens, so a packed layout always carries cu and seq_ids, also when every row is padding.
+    _check_cu_shape(cu, "sequence.global_cu_seqlens", minimum=1)
+    checks += _increasing(cu, "sequence.global_cu_seqlens")
+    n = cu.numel() - 1
+    if seq.seq_ids is not None:
+        valid = (seq.seq_ids >= 0).sum()
+        source = "seq_ids >= 0"
+    elif b.hidden_mask is not None:
+        valid = b.hidden_mask.bool().sum()
+        source = "hidden_mask"
+    else:
+        valid = torch.tensor(B * T)
+        source = "B*T"
+    valid = valid.to(cu.device)
+    if seq.cp_size == 1:
+        checks.append(
+            (cu[-1].eq(valid), f"sequence.global_cu_seqlens must end at the valid-token count ({source})")
+        )
+        if seq.max_seqlen is not None:
+            global_max = cu.diff().max() if cu.numel() > 1 else cu.new_zeros(())
+            checks.append(
+                (
+                    global_max.eq(seq.max_seqlen),
+                    "sequence.max_seqlen must equal the largest segment of cu",
+                )
+            )
+        if seq.seq_ids is not None:
+            ids = seq.seq_ids.to(cu.device)
+            checks.append(
+                ((ids < n).all(), f"sequence.seq_ids must be -1 or ids 0..{n - 1} (n from global_cu_seqlens)")
+            )
+            counts = _segments.counts_per_sample(ids, n)
+            checks.append(
+                (
+                    counts.eq(cu.diff()).all(),
+                    "sequence.seq_ids token counts must equal the global_cu_seqlens lengths",
+                )
+            )
+            # Canonical order: valid ids never decrease in row-major order (cummax catches any step down).
+            flat = ids.reshape(-1)
+            running = torch.cummax(flat, 0).values
+            checks.append(
+                (
+                    ((flat >= running) | (flat < 0)).all(),
+                    "sequence.seq_ids must be numbered in row-major token order (canonical ids)",
+                )
+            )
+    else:
+        local = seq.local_cu_seqlens
+        if local is None:
+            raise BatchValidationError("sequence.local_cu_seqlens is required when sequence.cp_size > 1")
+        _check_cu_shape(local, "sequence.local_cu_seqlens", minimum=1)
+        checks += _increasing(local, "sequence.local_cu_seqlens")
+        checks.append(
+            (
+                local[-1].eq(valid),
+                f"sequence.local_cu_seqlens must end at the local valid-token count ({source})",
+            )
+        )
+        if seq.max_seqlen is not None:
+            local_max = local.diff().max() if local.numel() > 1 else local.new_zeros(())
+            checks.append(
+                (local_max.eq(seq.max_seqlen), "sequence.max_seqlen must equal the largest local segment")
+            )
+    if seq.sample_offsets:
+        if len(seq.sample_offsets) != n:
+            raise BatchValidationError(
+                f"sequence.sample_offsets must have one pair per sample ({n}); got {len(seq.sample_offsets)}"
+            )
+        want = torch.stack([cu[:-1], cu[1:]], dim=1).long()
+        got = torch.tensor(seq.sample_offsets, dtype=torch.long, device=cu.device)
+        checks.append((got.eq(want).all(), "sequence.sample_offsets must equal the global_cu_seqlens pairs"))
+
+
+def check_token_indices(token_indices: Any, length: int, device: torch.device) -> torch.Tensor:
+    idx = require_tensor(token_indices, "token_indices")
+    if idx.dim() != 1 or not is_integer_dtype(idx):
+        raise BatchValidationError(
+            f"token_indices must be a 1-D integer tensor; got {idx.dtype} {tuple(idx.shape)}"
+        )
+    idx = idx.to(device=device, dtype=torch.long)
+    if idx.numel():
+        ordered = idx.sort().values
+        ok = torch.stack([ordered[0] >= 0, ordered[-1] < length, (ordered.diff() > 0).all()]).cpu()
+        if not bool(ok[0] and ok[1]):
+            raise BatchValidationError(f"token_indices must lie in [0, T={length})")
+        if not bool(ok[2]):
+            raise BatchValidationError("token_indices must be unique")
+    return idx
