@@ -79,3 +79,9 @@ def test_processor_refuses_videos(tmp_path: Path) -> None:
     processor = load_qwen2_5_vl_processor(build_qwen2_5_vl_processor(tmp_path / "proc"))
     with pytest.raises(NotImplementedError, match="video"):
         processor.video_processor([])
+
+
+def test_loading_a_directory_without_the_processor_files_names_them(tmp_path: Path) -> None:
+    build_chat_tokenizer(tmp_path / "tok")  # tokenizer only: no image-processor config, no template
+    with pytest.raises(FileNotFoundError, match=r"missing preprocessor_config\.json, chat_template\.jinja\)"):
+        load_qwen2_5_vl_processor(tmp_path / "tok")
