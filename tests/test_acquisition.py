@@ -628,11 +628,15 @@ def test_unknown_revision_is_a_clear_error(hub_endpoint: str, tmp_path: Path) ->
             )
         )
     assert f"{PUZZLE_KD}@{bad}" in str(info.value) and "revision" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+    # nothing left in the way: the same directory with the right revision succeeds
+    fixed = TextAcquisitionSpec(output_dir=tmp_path / "x", train_samples=5, validation_samples=5)
+    assert materialize_puzzle_kd_dataset(fixed)["splits"] == {"train": 5, "validation": 5}
     with pytest.raises(AcquisitionError, match="no-such-branch"):
         materialize_nemotron_vlm_dataset(
             VlmAcquisitionSpec(output_dir=tmp_path / "y", num_samples=3, revision="no-such-branch")
         )
-    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
 
 
 @pytest.mark.parametrize("status", [401, 403])

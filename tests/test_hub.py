@@ -123,3 +123,16 @@ def test_olah_ignores_http_range_so_we_fetch_whole_files(hub_endpoint: str, fixt
 def test_invalid_repository_id_is_an_acquisition_error(hub_endpoint: str) -> None:
     with pytest.raises(AcquisitionError, match="invalid repository id"):
         _hub.resolve_revision("acme/bad name!", None)
+
+
+def test_a_connection_the_mirror_dropped_after_an_error_is_retried(
+    hub_endpoint: str, fixture_hub: FixtureHub
+) -> None:
+    """olah answers 500 for an unknown commit and then resets the kept-alive connection: the next API call
+    would fail with "connection reset by peer" on a healthy mirror without the retry on fresh connections."""
+    with pytest.raises(AcquisitionError, match="HTTP 500"):
+        _hub.split_patterns(PUZZLE_KD, "0" * 40)
+    assert _hub.resolve_revision(PUZZLE_KD, None) == fixture_hub.shas[PUZZLE_KD]
+    with pytest.raises(AcquisitionError, match="HTTP 404"):  # the file listing answers 404
+        _hub.list_files(PUZZLE_KD, "0" * 40)
+    assert "README.md" in _hub.list_files(PUZZLE_KD, fixture_hub.shas[PUZZLE_KD])

@@ -18,14 +18,16 @@ import os
 import random
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub import errors as hf_errors
+from huggingface_hub.utils import close_session
 
 from puzzletron.dataset.errors import AcquisitionError
 
@@ -47,6 +49,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _SHA = re.compile(r"[0-9a-f]{40}")
+_T = TypeVar("_T")
 _DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
@@ -86,6 +89,25 @@ def _status(exc: BaseException) -> int | None:
     return getattr(response, "status_code", None)
 
 
+def _api(call: Callable[[HfApi], _T]) -> _T:
+    """Run one Hub API call (metadata only, idempotent); on a connection-level failure (no HTTP answer),
+    retry it once on fresh connections.
+
+    Why: a server may drop a kept-alive connection after answering an error (olah resets it after a
+    500), and the next request on that pooled connection fails with "connection reset by peer" although
+    the server is healthy. File downloads have their own retries in `hf_hub_download`.
+    """
+    api = HfApi(endpoint=endpoint(), token=_token())
+    try:
+        return call(api)
+    except hf_errors.HTTPError as exc:
+        if getattr(exc, "response", None) is not None:
+            raise  # an HTTP answer: retrying would get the same one
+        logger.debug("Hub API call failed without an answer (%s); retrying on fresh connections", exc)
+        close_session()
+        return call(HfApi(endpoint=endpoint(), token=_token()))
+
+
 @contextmanager
 def hub_errors(source: str, revision: str | None, action: str) -> Iterator[None]:
     """Turn any Hub, HTTP or connection failure inside the block into an `AcquisitionError` naming
@@ -109,7 +131,8 @@ def hub_errors(source: str, revision: str | None, action: str) -> Iterator[None]
     except hf_errors.RepositoryNotFoundError as exc:
         raise AcquisitionError(
             f"{action} {where}: repository not found or not accessible (HTTP {_status(exc)}); check the "
-            "source name, set HF_ENDPOINT to your mirror, or set HF_TOKEN for a private repository"
+            "source name and revision (some mirrors answer this for an unknown branch), set HF_ENDPOINT to "
+            "your mirror, or set HF_TOKEN for a private repository"
         ) from exc
     except hf_errors.HfHubHTTPError as exc:
         status = _status(exc)
@@ -139,7 +162,7 @@ def resolve_revision(source: str, revision: str | None) -> str:
         return revision  # type: ignore[return-value]
     ref = "main" if revision in (None, "", "main", "latest") else revision
     with hub_errors(source, ref, "resolving the revision of"):
-        info = HfApi(endpoint=endpoint(), token=_token()).dataset_info(source, revision=ref)
+        info = _api(lambda api: api.dataset_info(source, revision=ref))
     if not is_commit_sha(info.sha):
         raise AcquisitionError(
             f"{source}@{ref} on {endpoint()}: the Hub returned no commit sha ({info.sha!r})"
@@ -151,7 +174,7 @@ def resolve_revision(source: str, revision: str | None) -> str:
 def split_patterns(source: str, revision: str) -> dict[str, list[str]]:
     """``{split: [glob, ...]}`` of the default config (the README ``configs:`` block) at `revision`."""
     with hub_errors(source, revision, "reading the dataset card of"):
-        info = HfApi(endpoint=endpoint(), token=_token()).dataset_info(source, revision=revision)
+        info = _api(lambda api: api.dataset_info(source, revision=revision))
     card = info.card_data.to_dict() if info.card_data is not None else {}
     out: dict[str, list[str]] = {}
     for config in card.get("configs") or []:
@@ -166,9 +189,7 @@ def split_patterns(source: str, revision: str) -> dict[str, list[str]]:
 def list_files(source: str, revision: str, pattern: str = "*") -> list[str]:
     """Sorted repository paths at `revision` matching the glob `pattern` (``*`` crosses ``/``)."""
     with hub_errors(source, revision, "listing files of"):
-        files = HfApi(endpoint=endpoint(), token=_token()).list_repo_files(
-            source, repo_type="dataset", revision=revision
-        )
+        files = _api(lambda api: api.list_repo_files(source, repo_type="dataset", revision=revision))
     return sorted(f for f in files if fnmatch.fnmatchcase(f, pattern))
 
 

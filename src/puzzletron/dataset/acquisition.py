@@ -12,6 +12,10 @@ Three materialisers, one protocol:
 3. Write into a transaction directory and publish it with one rename: a failed or killed run leaves
    nothing at ``output_dir``.
 
+Reuse is cheap (files present with their sizes); `verify_text_snapshot` (Puzzle-KD) and
+`subset.verify_subset` (the image subsets) read every byte and check every SHA-256 and count. Two runs of
+one spec give byte-identical trees; ``docs/acquisition.md`` says what that rests on.
+
 Quotas (Nemotron-VLM) are a pure largest-remainder split of the sample count over the subset weights::
 
     largest_remainder_quotas({"a": 10, "b": 30}, 7)       == {"a": 2, "b": 5}
