@@ -117,12 +117,17 @@ def bench(name: str, collated: dict[str, Any], *, layout: str, repeats: int) -> 
             f"  samples {batch.sequence.global_cu_seqlens.numel() - 1}, "
             f"max_seqlen {batch.sequence.max_seqlen}"
         )
-        kw_times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            forward_kwargs(batch, backend="flash")
-            kw_times.append((time.perf_counter() - start) * 1e3)
-        print(f"  forward_kwargs(flash): median {statistics.median(kw_times):.2f} ms")
+        for backend in ("flash", "te_thd"):
+            kw_times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                forward_kwargs(batch, backend=backend)
+                kw_times.append((time.perf_counter() - start) * 1e3)
+            kw_bytes = allocated_bytes(lambda backend=backend: forward_kwargs(batch, backend=backend))
+            print(
+                f"  forward_kwargs({backend}): median {statistics.median(kw_times):.2f} ms, "
+                f"allocated {kw_bytes / 2**20:.2f} MiB"
+            )
 
 
 def main() -> None:

@@ -445,14 +445,25 @@ def batch_from_automodel(
     )
 
 
-def _segments(seq_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat run starts ``[N]`` bool (documents and padding runs; rows never merge), segment index ``[N]``."""
-    length = seq_ids.shape[1]
+def _run_starts(seq_ids: torch.Tensor) -> torch.Tensor:
+    """Flat run starts ``[B*T]`` bool of ``seq_ids`` ``[B, T]`` (documents and padding runs; rows never
+    merge, as in AutoModel's ``packed_seq_params_from_doc_ids``)."""
     flat = seq_ids.reshape(-1)
     starts = torch.ones_like(flat, dtype=torch.bool)
     starts[1:] = flat[1:] != flat[:-1]
-    starts[::length] = True
-    return starts, starts.long().cumsum(0) - 1
+    starts[:: seq_ids.shape[1]] = True
+    return starts
+
+
+def _valid_cu(valid: torch.Tensor, doc_first: torch.Tensor) -> torch.Tensor:
+    """cu ``[D+1]`` int32 over the valid tokens ``valid`` ``[N]`` of the documents starting at ``doc_first``
+    ``[D]`` (flat positions; the valid tokens between two starts are the first document's run)."""
+    rank = valid.cumsum(0, dtype=torch.int32)  # valid tokens up to and including each token
+    cu = torch.zeros(doc_first.numel() + 1, dtype=torch.int32, device=valid.device)
+    if doc_first.numel():
+        cu[1:-1] = rank[doc_first[1:]] - 1  # valid tokens before each later document
+        cu[-1] = rank[-1]
+    return cu
 
 
 def forward_kwargs(batch: PuzzletronBatch, *, backend: Literal["flash", "te_thd"]) -> dict[str, Any]:
@@ -495,18 +506,13 @@ def forward_kwargs(batch: PuzzletronBatch, *, backend: Literal["flash", "te_thd"
             f"(layout={batch.layout.value if isinstance(batch.layout, DataLayout) else batch.layout})"
         )
     expected_cu = sequence.local_cu_seqlens if sequence.cp_size > 1 else sequence.global_cu_seqlens
-    starts, segment = _segments(seq_ids)
+    starts = _run_starts(seq_ids)
     flat = seq_ids.reshape(-1)
     total = flat.numel()
     valid = flat >= 0
-    doc_starts = starts & valid
-    doc_lengths = torch.zeros(total + 1, dtype=torch.long, device=flat.device)
-    # Tokens per run, documents only (padding runs land in the discarded last bucket).
-    doc_index = torch.where(valid, doc_starts.long().cumsum(0) - 1, total)
-    doc_lengths.scatter_add_(0, doc_index, torch.ones_like(doc_index))
-    n_docs = int(doc_starts.sum())
-    cu_valid = torch.zeros(n_docs + 1, dtype=torch.int32, device=flat.device)
-    cu_valid[1:] = doc_lengths[:n_docs].cumsum(0)
+    doc_first = torch.nonzero(starts & valid).reshape(-1)  # [D] flat first token of every document
+    n_docs = doc_first.numel()
+    cu_valid = _valid_cu(valid, doc_first)
     if expected_cu is None or not torch.equal(cu_valid, expected_cu.to(cu_valid)):
         raise BatchValidationError(
             f"forward_kwargs: the token runs of sequence.seq_ids give cu {cu_valid.tolist()} but the batch "
@@ -516,6 +522,7 @@ def forward_kwargs(batch: PuzzletronBatch, *, backend: Literal["flash", "te_thd"
     segment_starts = torch.nonzero(starts).reshape(-1)
     position_ids = batch.model_kwargs.get("position_ids")
     if not isinstance(position_ids, torch.Tensor) and sequence.cp_size == 1:
+        segment = starts.cumsum(0).sub_(1)  # [N] run of every token
         positions = torch.arange(total, device=flat.device) - segment_starts[segment]
         position_ids = positions.reshape(seq_ids.shape)  # restart at 0 in every run
     position_kwargs = {} if position_ids is None else {"position_ids": position_ids}
@@ -530,7 +537,6 @@ def forward_kwargs(batch: PuzzletronBatch, *, backend: Literal["flash", "te_thd"
             **position_kwargs,
         }
     # te_thd
-    doc_first = torch.nonzero(doc_starts).reshape(-1)
     if n_docs and int(doc_first[0]) != 0:
         raise BatchValidationError(
             "forward_kwargs(te_thd): the flat buffer starts with padding; THD needs every padding run "
