@@ -2,8 +2,11 @@
 
 Conversations come from a materialised subset through `load_materialized_conversation_dataset`; text is
 tokenised by AutoModel's own `format_chat_template`, images by a local Qwen2.5-VL processor. Expected values
-come from the collators' own maps (`_packed_seq_ids`, `seq_lens`, `cu_seq_lens_q`, `n_images_per_sample`) or
-from the subset's declared image counts, never from the code under test.
+come from the collators' own maps (`_packed_seq_ids`, `seq_lens`, the packer's indexed masks,
+`n_images_per_sample`), from AutoModel's own builders (`build_packed_sequence_metadata`,
+`packed_seq_params_from_doc_ids`, `process_input_for_thd`) or from the subset's declared image counts, never
+from the code under test. Every collator form also goes through `dp_slice`, `pp_microbatches` and a
+load-balanced `cp_partition`, each part checked against the collator's map at its rows or tokens.
 
 `nemo_automodel` is a test dependency (the `automodel` extra): if it is missing this module fails.
 """
