@@ -458,6 +458,24 @@ def test_nemotron_weights_and_reuse(hub_endpoint: str, tmp_path: Path, monkeypat
         )
 
 
+def test_each_image_is_decoded_once(hub_endpoint: str, tmp_path: Path, monkeypatch) -> None:
+    """Acquisition validates each image and hands the materialiser the `EncodedImage` it made, which is
+    stored as it is: one full decode per image, not two (the real decoder, counted)."""
+    from puzzletron.dataset import _images
+
+    decoded: list[int] = []
+    real = _images._decode
+
+    def counting(data: bytes, where: str) -> tuple[str, int, int]:
+        decoded.append(len(data))
+        return real(data, where)
+
+    monkeypatch.setattr(_images, "_decode", counting)
+    manifest = materialize_nemotron_vlm_dataset(VlmAcquisitionSpec(output_dir=tmp_path / "v", num_samples=6))
+    assert manifest["diagnostics"]["rejected_rows"] == [] and manifest["image_count"] == 6
+    assert sorted(decoded) == sorted(i["bytes"] for i in manifest["images"])
+
+
 def test_nemotron_two_runs_are_byte_identical(hub_endpoint: str, tmp_path: Path) -> None:
     a = materialize_nemotron_vlm_dataset(VlmAcquisitionSpec(output_dir=tmp_path / "a", num_samples=12))
     b = materialize_nemotron_vlm_dataset(VlmAcquisitionSpec(output_dir=tmp_path / "b", num_samples=12))

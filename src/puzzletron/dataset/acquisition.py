@@ -785,14 +785,16 @@ def _reason(exc: BaseException) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", str(exc))
 
 
-def _check_images(sample: Mapping[str, Any]) -> None:
-    """Raise `ImageError` (a `ConversationError`) unless every image of `sample` decodes fully."""
+def _check_images(sample: dict[str, Any]) -> None:
+    """Decode every image of `sample` fully, replacing each item's value with its `EncodedImage` (the
+    materialiser stores that as it is, without decoding the image a second time); raise `ImageError` (a
+    `ConversationError`) naming the row and image on the first defect."""
     where = f"{sample['source']['dataset']} row {sample['source'].get('row_id')!r}"
     index = 0
     for turn in sample["conversation"]:
         for item in turn["content"]:
             if item.get("type") == "image":
-                encode_image(item["image"], where=f"{where} image {index}")
+                item["image"] = encode_image(item["image"], where=f"{where} image {index}")
                 index += 1
 
 
