@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,23 @@ def test_seed_defaults_have_the_listed_values() -> None:
     assert inspect.signature(api.PackingSpec).parameters["packing_ratio"].default == 1.0
     assert api.DataLayout.PACKED_VARLEN.value == "packed_varlen"
     assert api.Modality.MULTIMODAL.value == "multimodal"
+
+
+def test_every_public_name_resolves_and_star_import_works() -> None:
+    namespace: dict[str, object] = {}
+    exec("from puzzletron.dataset import *", namespace)
+    assert set(api.__all__) <= set(namespace)
+    assert set(api.__all__) <= set(dir(api))
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        _ = api.not_a_name
+
+
+def test_reading_subsets_offline_does_not_import_torch_or_the_hub() -> None:
+    code = (
+        "import sys\n"
+        "from puzzletron.dataset import load_materialized_conversation_subset, normalize_intersyn_single\n"
+        "heavy = [m for m in ('torch', 'datasets', 'huggingface_hub') if m in sys.modules]\n"
+        "print(','.join(heavy) or 'none')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "none"
