@@ -5,14 +5,25 @@ items. Expected tensors are written by hand; derived batches are re-validated th
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import types
 from typing import Any
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import puzzletron.dataset.batch as batch_module
-from puzzletron.dataset import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch, _validation
+from puzzletron.dataset import (
+    DataLayout,
+    Modality,
+    PackedSequenceMetadata,
+    PuzzletronBatch,
+    _fingerprint,
+    _segments,
+    _validation,
+    parallel,
+)
 from puzzletron.dataset.errors import BatchValidationError
 
 
@@ -232,6 +243,8 @@ def test_valid_packed_row_is_accepted() -> None:
             "row-major",
         ),
         ({"seq_ids": torch.tensor([[0, 0, 0, 1, 1, -2]])}, "seq_ids must be >= 0"),
+        # Counts and order are right, but sample 0 is cut by a padding gap: two runs for one id.
+        ({"seq_ids": torch.tensor([[0, 0, -1, 0, 1, 1]])}, "one contiguous run inside one row"),
         ({"seq_ids": torch.tensor([0, 0, 0, 1, 1, -1])}, "seq_ids must be an integer tensor"),
         ({"cp_size": 2, "cp_rank": 0}, "local_cu_seqlens is required"),
         (
@@ -258,6 +271,26 @@ def test_cu_and_seq_id_rules(seq: dict[str, Any], message: str | None) -> None:
         return
     with pytest.raises(BatchValidationError, match=message):
         PuzzletronBatch(**_packed(**seq))
+
+
+def test_a_sample_may_not_continue_on_the_next_row() -> None:
+    # Valid counts and row-major order, but sample 1 spans rows 0 and 1: a row split would cut it in two.
+    seq_ids = torch.tensor([[0, 0, 1, 1], [1, 2, 2, -1]])
+    with pytest.raises(BatchValidationError, match="one contiguous run inside one row"):
+        PuzzletronBatch(
+            {"input_ids": torch.zeros(2, 4, dtype=torch.long)},
+            hidden_mask=seq_ids >= 0,
+            sequence=PackedSequenceMetadata(global_cu_seqlens=torch.tensor([0, 2, 5, 7]), seq_ids=seq_ids),
+            layout="packed_varlen",
+        )
+
+
+def test_sample_offsets_accept_a_tensor_and_refuse_non_integers() -> None:
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    seq = PackedSequenceMetadata(global_cu_seqlens=cu, sample_offsets=torch.tensor([[0, 3], [3, 5]]))
+    assert seq.sample_offsets == ((0, 3), (3, 5))
+    with pytest.raises(BatchValidationError, match="sample_offsets must be pairs of ints"):
+        PackedSequenceMetadata(sample_offsets=((0, 3.5),))
 
 
 def test_cu_requires_packed_layout() -> None:
@@ -336,6 +369,7 @@ def test_derived_batches_skip_validation_and_never_hash(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(_validation, "validate", boom)
     monkeypatch.setattr(batch_module, "fingerprint_of", boom)
+    monkeypatch.setattr(_fingerprint, "_tensor", boom)  # no tensor is hashed, by any path
     b.to(torch.float16)
     b.dp_slice(dp_rank=1, dp_size=2)
     b.cp_partition(torch.tensor([0, 1, 10, 11]), cp_rank=0, cp_size=2)
@@ -349,8 +383,10 @@ def test_construction_does_not_compute_the_fingerprint(monkeypatch: pytest.Monke
         raise AssertionError("hashed at construction")
 
     monkeypatch.setattr(batch_module, "fingerprint_of", boom)
+    monkeypatch.setattr(_fingerprint, "_tensor", boom)
     media_batch()
     packed_row([2, 2], 5)
+    video_batch()
 
 
 def test_fingerprint_is_cached_after_first_access(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -670,6 +706,120 @@ def test_equality_and_hash_are_by_content_and_never_crash() -> None:
     assert a != "not a batch"
     assert a.sequence == b.sequence
     assert hash(a.sequence) == hash(b.sequence)
+
+
+class HostReads(TorchFunctionMode):
+    """Records every torch call that reads tensor values into Python, which on an accelerator is a
+    device-to-host sync: ``bool``/``int``/``item``/``tolist``/``cpu``/..., and ops whose output size depends
+    on the data (``nonzero``, boolean-mask indexing, ...). A measurement, not a mock: every call runs."""
+
+    READS = frozenset(
+        {
+            "__bool__", "__int__", "__float__", "__index__", "__complex__", "__array__", "__repr__",
+            "__format__", "__contains__", "item", "tolist", "numpy", "cpu", "equal", "allclose",
+            "is_nonzero", "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount",
+        }
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        data_sized = (name in ("__getitem__", "__setitem__") and _has_bool_index(args[1])) or (
+            name == "repeat_interleave" and "output_size" not in kwargs
+        )
+        if name in self.READS or data_sized:
+            self.reads.append(name)
+        return func(*args, **kwargs)
+
+
+def _has_bool_index(index: Any) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+def host_reads(fn: Any) -> list[str]:
+    with HostReads() as mode:
+        fn()
+    return mode.reads
+
+
+def big_packed_fields(B: int, T: int, docs: int, images: int) -> dict[str, Any]:
+    """Fields of a packed VLM batch: ``docs`` samples per row (+ trailing padding), ``images`` per row (flat
+    patches), mRoPE positions, per-row cu, token indices, THD lengths, ``seq_idx``."""
+    gen = torch.Generator().manual_seed(B * T + docs)
+    used = T - T // 8
+    rows = []
+    for _ in range(B):
+        cuts = (torch.randperm(used - 1, generator=gen)[: docs - 1].sort().values + 1).tolist()
+        bounds = [0, *cuts, used]
+        rows.append([i for i, (a, b) in enumerate(itertools.pairwise(bounds)) for _ in range(a, b)])
+    canon = _segments.canonical_packed_ids(torch.tensor([r + [-1] * (T - used) for r in rows]))
+    ids, hidden = canon.seq_ids, canon.seq_ids >= 0
+    lengths, spans = _segments.row_document_lengths(ids, docs)
+    counts = torch.full((B,), images)
+    return {
+        "model_kwargs": {
+            "input_ids": torch.randint(0, 100, (B, T), generator=gen),
+            "attention_mask": hidden.long(),
+            "position_ids": torch.zeros(3, B, T, dtype=torch.long),
+            "cu_seqlens": _segments.row_cu_from_seq_ids(ids, docs + 1).int(),
+            "packed_token_indices": torch.where(hidden, torch.arange(T).expand(B, T), -1),
+            "seq_lens": torch.where(lengths >= 0, lengths, -1000),
+            "seq_lens_padded": torch.where(spans >= 0, spans, -1000),
+            "seq_idx": ids.int(),
+            "pixel_values": torch.zeros(4 * B * images, 8),
+            "image_grid_thw": torch.tensor([[1, 2, 2]] * (B * images)).reshape(-1, 3),
+        },
+        "labels": torch.zeros(B, T, dtype=torch.long).masked_fill(~hidden, -100),
+        "ce_mask": hidden.clone(),
+        "kd_mask": hidden.clone(),
+        "hidden_mask": hidden,
+        "sequence": PackedSequenceMetadata(
+            global_cu_seqlens=canon.cu_seqlens,
+            seq_ids=ids,
+            max_seqlen=canon.max_seqlen,
+            sample_offsets=canon.sample_offsets,
+            media_counts=counts,
+            media_offsets=_segments.media_offsets_from_counts(counts),
+        ),
+        "sample_ids": [f"r{i}" for i in range(B)],
+        "layout": "packed_varlen",
+        "modality": "multimodal",
+    }
+
+
+def test_host_reads_are_a_small_constant_independent_of_B_T_and_samples() -> None:
+    """Contract 3.1 **Better:** on CPU (no accelerator needed): constructing a batch reads tensor values
+    into Python a fixed number of times, whatever its size; ``to()`` and padding never do; each split does a
+    constant number of reads per output batch (data-dependent sizes: cu, offsets), never one per row,
+    token, sample or image."""
+    sizes = [(2, 16, 2, 1), (16, 4096, 40, 3)]  # (B, T, samples per row, images per row)
+    per_size = []
+    for B, T, docs, images in sizes:
+        fields = big_packed_fields(B, T, docs, images)
+        b = PuzzletronBatch(**fields)
+        row = PuzzletronBatch(**{**big_packed_fields(1, T, docs, 0), "modality": "text"})
+        idx = parallel.batch_cp_indices(b, cp_rank=1, cp_size=2)
+        reads = {
+            "construct": host_reads(lambda f=fields: PuzzletronBatch(**f)),
+            "to": host_reads(lambda b=b: b.to(torch.bfloat16)),
+            "pad": host_reads(lambda b=b: b.pad_batch_to_multiple(3)),
+            "cp_partition": host_reads(lambda b=b, i=idx: b.cp_partition(i, cp_rank=1, cp_size=2)),
+            "dp_slice rows": host_reads(lambda b=b: b.dp_slice(dp_rank=1, dp_size=2)),
+            "dp_slice packed row": host_reads(lambda r=row: r.dp_slice(dp_rank=1, dp_size=2)),
+            "pp_microbatches(2)": host_reads(lambda b=b: b.pp_microbatches(2)),
+        }
+        per_size.append(reads)
+    small, large = per_size
+    assert small == large  # the same calls, in the same order, for 64 tokens and for 65,536
+    assert large["construct"] == ["cpu", "__bool__"]  # one copy of the stacked checks, one read of the copy
+    assert large["to"] == [] and large["pad"] == []
+    assert all(len(reads) <= 6 for name, reads in large.items() if name != "pp_microbatches(2)")
+    assert len(large["pp_microbatches(2)"]) <= 2 * 6
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an accelerator")
@@ -993,3 +1143,91 @@ def test_row_splits_slice_per_row_counts_with_b_entries_and_pass_others_through(
     # A value without B entries (e.g. one total) is passed through unchanged.
     total = b.replace_model_kwargs(num_patches=torch.tensor([5]))
     assert total.pp_microbatches(3)[1].model_kwargs["num_patches"] is total.model_kwargs["num_patches"]
+
+
+# -- videos ------------------------------------------------------------------------------------------
+
+
+def video_batch(**overrides: Any) -> PuzzletronBatch:
+    """3 rows ``a, b, c`` owning 1, 0, 2 videos of 8, 4 and 2 flat patches (value = video number)."""
+    grid = torch.tensor([[2, 2, 2], [1, 2, 2], [2, 1, 1]])
+    kwargs: dict[str, Any] = {
+        "input_ids": torch.arange(12).reshape(3, 4),
+        "pixel_values_videos": torch.tensor([0.0] * 8 + [1.0] * 4 + [2.0] * 2).reshape(-1, 1),
+        "video_grid_thw": grid,
+        "second_per_grid_ts": [0.5, 1.0, 2.0],
+        "n_videos_per_sample": torch.tensor([1, 0, 2]),
+    }
+    kwargs.update(overrides)
+    return PuzzletronBatch(kwargs, sample_ids=("a", "b", "c"), modality="multimodal")
+
+
+def test_row_splits_give_each_row_its_videos_golden() -> None:
+    first, second = video_batch().pp_microbatches(2)
+    assert first.sample_ids == ("a", "b")
+    assert first.model_kwargs["pixel_values_videos"].reshape(-1).tolist() == [0.0] * 8
+    assert first.model_kwargs["video_grid_thw"].tolist() == [[2, 2, 2]]
+    assert first.model_kwargs["second_per_grid_ts"] == [0.5]
+    assert first.model_kwargs["n_videos_per_sample"].tolist() == [1, 0]
+    assert second.model_kwargs["pixel_values_videos"].reshape(-1).tolist() == [1.0] * 4 + [2.0] * 2
+    assert second.model_kwargs["video_grid_thw"].tolist() == [[1, 2, 2], [2, 1, 1]]
+    assert second.model_kwargs["second_per_grid_ts"] == [1.0, 2.0]
+    rank1 = video_batch(n_videos_per_sample=[1, 0, 2]).dp_slice(dp_rank=1, dp_size=3)
+    assert rank1.model_kwargs["pixel_values_videos"].numel() == 0
+    assert rank1.model_kwargs["n_videos_per_sample"] == [0]
+    for part in (first, second, rank1):
+        revalidated(part)
+
+
+def test_one_entry_per_video_is_sliced_by_video_range() -> None:
+    b = video_batch(pixel_values_videos=torch.tensor([[0.0], [1.0], [2.0]]))
+    assert b.dp_slice(dp_rank=2, dp_size=3).model_kwargs["pixel_values_videos"].tolist() == [[1.0], [2.0]]
+
+
+def test_video_row_splits_need_per_row_counts_and_consistent_ones() -> None:
+    no_counts = video_batch()
+    no_counts = PuzzletronBatch(
+        {k: v for k, v in no_counts.model_kwargs.items() if k != "n_videos_per_sample"}, modality="multimodal"
+    )
+    with pytest.raises(BatchValidationError, match="n_videos_per_sample"):
+        no_counts.pp_microbatches(3)
+    assert no_counts.pp_microbatches(1) == (no_counts,)  # a whole batch needs no counts
+    with pytest.raises(BatchValidationError, match="must sum to the 3 rows of video_grid_thw"):
+        video_batch(n_videos_per_sample=torch.tensor([1, 1, 2]))
+    with pytest.raises(BatchValidationError, match=r"'num_videos_per_sample'.*must sum to the 3 rows"):
+        video_batch(n_videos_per_sample=None, num_videos_per_sample=[0, 0, 2])
+
+
+def test_padding_and_cp_keep_videos_whole() -> None:
+    b = video_batch()
+    padded = b.pad_batch_to_multiple(2)
+    assert padded.model_kwargs["pixel_values_videos"] is b.model_kwargs["pixel_values_videos"]
+    assert padded.model_kwargs["n_videos_per_sample"].tolist() == [1, 0, 2, 0]
+    part = b.cp_partition(torch.tensor([0, 3]), cp_rank=0, cp_size=2)
+    assert part.model_kwargs["video_grid_thw"] is b.model_kwargs["video_grid_thw"]
+    revalidated(padded)
+    revalidated(part)
+
+
+# -- regressions found by the property tests --------------------------------------------------------
+
+
+def test_a_cp_rank_without_tokens_rebuilds_thd_lengths() -> None:
+    # T=2 over 3 ranks: the balanced split leaves rank 1 with no token at all (it used to raise IndexError).
+    b = packed_row([1], 2, seq_lens=torch.tensor([[1]]), seq_lens_padded=torch.tensor([[2]]))
+    empty = b.cp_partition(torch.tensor([], dtype=torch.long), cp_rank=1, cp_size=3)
+    assert empty.sequence_length == 0
+    assert empty.model_kwargs["seq_lens"].tolist() == [[-1000]]
+    assert empty.sequence.local_cu_seqlens.tolist() == [0]
+    revalidated(empty)
+
+
+def test_one_row_of_per_row_cu_keeps_its_minus_one_padding_across_cp() -> None:
+    from puzzletron.dataset.parallel import batch_cp_indices, gather_cp_partitions
+
+    # A row of a larger AutoModel batch: cu_seqlens [1, D+1] padded with -1 after its one document.
+    b = packed_row([4], 8, cu_seqlens=torch.tensor([[0, 4, -1]], dtype=torch.int32))
+    indices = [batch_cp_indices(b, cp_rank=r, cp_size=2) for r in range(2)]
+    parts = [b.cp_partition(i, cp_rank=r, cp_size=2) for r, i in enumerate(indices)]
+    assert [p.model_kwargs["cu_seqlens"].tolist() for p in parts] == [[[0, 2, -1]], [[0, 2, -1]]]
+    assert gather_cp_partitions(parts, indices).model_kwargs["cu_seqlens"].tolist() == [[0, 4, -1]]

@@ -3,6 +3,9 @@ inverse of `cp_partition` over random batches."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,6 +13,7 @@ from hypothesis import strategies as st
 
 from _batch_strategies import batches, revalidated
 from puzzletron.dataset import DataLayout, PackedSequenceMetadata, PuzzletronBatch
+from puzzletron.dataset.batch import FLAT_BACKEND_KWARGS
 from puzzletron.dataset.errors import BatchValidationError
 from puzzletron.dataset.parallel import (
     batch_cp_indices,
@@ -17,6 +21,7 @@ from puzzletron.dataset.parallel import (
     inverse_cp_permutation,
     load_balanced_cp_indices,
 )
+from test_batch_properties import _assert_token_kwargs_match_layout
 
 
 def test_transformer_engine_golden() -> None:
@@ -101,33 +106,63 @@ def test_gather_checks_rank_order() -> None:
         gather_cp_partitions(parts, idx[:1])
 
 
-@settings(max_examples=50, deadline=None)
-@given(batches(), st.integers(1, 3))
+def _without_derived_kwargs(b: PuzzletronBatch) -> PuzzletronBatch:
+    """``b`` as every CP round trip gives it back: flash kwargs over the flattened batch dropped (every split
+    drops them; ``automodel.forward_kwargs`` rebuilds them) and ``max_seqlen`` filled in for packed batches
+    (``cp_partition`` always sets the local one, so the inverse always sets the global one)."""
+    kwargs = {k: v for k, v in b.model_kwargs.items() if k not in FLAT_BACKEND_KWARGS}
+    seq = b.sequence
+    if seq.global_cu_seqlens is not None:
+        seq = dataclasses.replace(seq, max_seqlen=max(seq.global_cu_seqlens.diff().tolist(), default=0))
+    return dataclasses.replace(b, model_kwargs=kwargs, sequence=seq)
+
+
+def _local_counts(b: PuzzletronBatch, idx: torch.Tensor) -> list[int]:
+    """Plain-Python local cu lengths: tokens of each global sample at ``idx``, in id order, zeros dropped."""
+    ids = b.sequence.seq_ids[:, idx].reshape(-1).tolist()
+    n = b.sequence.global_cu_seqlens.numel() - 1
+    return [c for c in (ids.count(s) for s in range(n)) if c]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.one_of(batches(), batches(layouts=(DataLayout.PACKED_VARLEN,), max_rows=1)), st.integers(1, 4))
 def test_cp_partition_of_every_rank_gathers_back_to_the_batch(b: PuzzletronBatch, cp_size: int) -> None:
     indices = [batch_cp_indices(b, cp_rank=r, cp_size=cp_size) for r in range(cp_size)]
+    # The balanced indices of all ranks partition the tokens exactly once.
+    assert sorted(torch.cat(indices).tolist()) == list(range(b.sequence_length))
     parts = [b.cp_partition(idx, cp_rank=r, cp_size=cp_size) for r, idx in enumerate(indices)]
-    assert sum(int(i.numel()) for i in indices) == b.sequence_length
-    for idx, part in zip(indices, parts, strict=True):
-        assert torch.equal(part.input_ids, b.input_ids[:, idx])
-        assert torch.equal(part.labels, b.labels[:, idx])
-        assert torch.equal(part.hidden_mask, b.hidden_mask[:, idx])
+    for rank, (idx, part) in enumerate(zip(indices, parts, strict=True)):
+        for name in ("input_ids", "labels", "ce_mask", "kd_mask", "hidden_mask"):
+            assert torch.equal(getattr(part, name), getattr(b, name)[:, idx]), name
+        for key in ("attention_mask", "seq_idx"):
+            if key in b.model_kwargs:
+                assert torch.equal(part.model_kwargs[key], b.model_kwargs[key][:, idx]), key
+        if "position_ids" in b.model_kwargs:
+            assert torch.equal(part.model_kwargs["position_ids"], b.model_kwargs["position_ids"][..., idx])
         if "inputs_embeds" in b.model_kwargs:
             assert torch.equal(part.model_kwargs["inputs_embeds"], b.model_kwargs["inputs_embeds"][:, idx])
-        if b.layout is DataLayout.PACKED_VARLEN and cp_size > 1:
+        for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+            if key in b.model_kwargs:
+                assert part.model_kwargs[key] is b.model_kwargs[key]  # media stay whole, never copied
+        if cp_size == 1:
+            assert part is b
+            continue
+        assert (part.sequence.cp_rank, part.sequence.cp_size) == (rank, cp_size)
+        if b.layout is DataLayout.PACKED_VARLEN:
+            # Local cu: per-sample counts of the rank's tokens, in sample order, zero counts dropped; the
+            # global cu and offsets stay; max_seqlen and every cu-like kwarg follow the local layout.
             local = part.sequence.local_cu_seqlens
-            # Local cu: per-sample counts of the rank's tokens, in sample order, zero counts dropped.
-            ids = b.sequence.seq_ids[:, idx]
-            want = [int((ids == s).sum()) for s in range(b.sequence.global_cu_seqlens.numel() - 1)]
-            want = [c for c in want if c]
+            want = _local_counts(b, idx)
             assert local.diff().tolist() == want
             assert int(local[-1]) == int(part.hidden_mask.sum())
             assert part.sequence.max_seqlen == max(want, default=0)
-            assert torch.equal(part.model_kwargs["cu_seqlens"], local)
-        if cp_size > 1:
-            revalidated(part)
+            assert part.sequence.global_cu_seqlens is b.sequence.global_cu_seqlens
+            assert part.sequence.sample_offsets == b.sequence.sample_offsets
+            _assert_token_kwargs_match_layout(b, part)
+        revalidated(part)
     gathered = gather_cp_partitions(parts, indices)
-    assert gathered == b  # fingerprint equality: every tensor, mask, label and metadata field
-    assert torch.equal(gathered.input_ids, b.input_ids)
+    # Fingerprint equality: every tensor, mask, label, kwarg and metadata field.
+    assert gathered == _without_derived_kwargs(b)
 
 
 def test_gather_restores_per_row_cu_thd_lengths_and_token_indices_exactly() -> None:
@@ -161,3 +196,34 @@ def test_gather_restores_per_row_cu_thd_lengths_and_token_indices_exactly() -> N
         [0, 1, 2, 3, -1, -1],
     ]
     assert gathered == b
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(1, 24), min_size=1, max_size=5), st.integers(1, 4), st.integers(0, 5), st.booleans()
+)
+def test_balanced_indices_partition_every_document_head_and_tail(
+    lengths: list[int], cp_size: int, trailing: int, divisible: bool
+) -> None:
+    if divisible:  # the packer padded every document to a multiple of 2 * cp_size
+        lengths = [n * 2 * cp_size for n in lengths]
+        trailing *= 2 * cp_size
+    cu = torch.tensor([0, *itertools.accumulate(lengths)])
+    T = int(cu[-1]) + trailing
+    ranks = [
+        load_balanced_cp_indices(cu, cp_rank=r, cp_size=cp_size, sequence_length=T).tolist()
+        for r in range(cp_size)
+    ]
+    assert sorted(i for rank in ranks for i in rank) == list(range(T))  # every token exactly once
+    assert all(rank == sorted(rank) for rank in ranks)
+    segments = [*lengths, *([trailing] if trailing else [])]
+    if all(n % (2 * cp_size) == 0 for n in segments):
+        # Divisible documents: rank r holds chunks r and 2cp-1-r of every document, so equal token counts.
+        starts = [0, *itertools.accumulate(segments)]
+        for r, rank in enumerate(ranks):
+            want = []
+            for start, n in zip(starts, segments, strict=False):
+                chunk = n // (2 * cp_size)
+                for c in sorted((r, 2 * cp_size - 1 - r)):
+                    want += range(start + c * chunk, start + (c + 1) * chunk)
+            assert rank == want

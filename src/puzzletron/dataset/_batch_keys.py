@@ -14,11 +14,13 @@ __all__ = [
     "MASK_FIELDS",
     "PER_IMAGE_KWARGS",
     "PER_ROW_KWARGS",
+    "PER_VIDEO_KWARGS",
     "ROW_FILL",
     "ROW_KWARGS",
     "SEQUENCE_KWARGS",
     "THD_SENTINEL",
     "TOKEN_INDEX_KWARGS",
+    "VIDEO_COUNT_KWARGS",
     "VIDEO_KWARGS",
     "Path",
 ]
@@ -51,7 +53,11 @@ PER_ROW_KWARGS = (
 # batch); rebuild them with `puzzletron.dataset.automodel.forward_kwargs(batch, backend="flash")`.
 FLAT_BACKEND_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 PER_IMAGE_KWARGS = ("image_grid_thw", "image_position_ids", "image_sizes")
+# Video media: `pixel_values_videos` holds one entry per video or the flat patches of every video (aligned
+# through `video_grid_thw`); per-video rows; rows own videos through the first count kwarg present.
 VIDEO_KWARGS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+PER_VIDEO_KWARGS = ("video_grid_thw", "second_per_grid_ts")
+VIDEO_COUNT_KWARGS = ("n_videos_per_sample", "num_videos_per_sample")
 THD_SENTINEL = -1000
 
 # Padding rows (pad_batch_to_multiple): kwargs not listed here are padded with 0.

@@ -9,6 +9,7 @@ tensor, and nothing compares layouts: `batch.py` decides *what* to do, this modu
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ from puzzletron.dataset._batch_keys import (
     MASK_FIELDS,
     PER_IMAGE_KWARGS,
     PER_ROW_KWARGS,
+    PER_VIDEO_KWARGS,
     ROW_FILL,
     ROW_KWARGS,
     SEQUENCE_KWARGS,
@@ -30,7 +32,7 @@ from puzzletron.dataset._batch_keys import (
     VIDEO_KWARGS,
     Path,
 )
-from puzzletron.dataset._validation import is_int
+from puzzletron.dataset._validation import is_int, video_counts
 from puzzletron.dataset.errors import BatchValidationError
 
 if TYPE_CHECKING:
@@ -400,7 +402,8 @@ def packed_seq_ids(b: PuzzletronBatch, op: str) -> torch.Tensor | None:
 def cu_kwarg_updates(
     b: PuzzletronBatch, cu: torch.Tensor | None, max_seqlen: int | None, op: str
 ) -> dict[str, Any]:
-    """Rebuilt flat ``cu_seqlens`` (1-D, or ``[1, n+1]``) and int ``max_seqlen`` kwargs.
+    """Rebuilt flat ``cu_seqlens`` (1-D, or ``[1, n+1]``; a one-row ``[1, D+1]`` padded with -1 keeps its
+    width) and int ``max_seqlen`` kwargs.
 
     A per-row ``[B, D+1]`` ``cu_seqlens`` with B > 1 is left alone: row splits slice it, token splits rebuild
     it with ``token_layout_updates``.
@@ -411,7 +414,13 @@ def cu_kwarg_updates(
         if old.dim() == 1:
             updates["cu_seqlens"] = cu.to(device=old.device, dtype=old.dtype)
         elif old.dim() == 2 and old.shape[0] == 1:
-            updates["cu_seqlens"] = cu.to(device=old.device, dtype=old.dtype).reshape(1, -1)
+            new = cu.to(device=old.device, dtype=old.dtype).reshape(1, -1)
+            global_cu = b.sequence.global_cu_seqlens
+            if global_cu is not None and old.shape[1] > max(global_cu.numel(), new.shape[1]):
+                # AutoModel's per-row form of one row, -1 after its last boundary (a row of a larger batch):
+                # keep its width, so a split and its inverse give back the same tensor.
+                new = torch.cat([new, new.new_full((1, old.shape[1] - new.shape[1]), -1)], dim=1)
+            updates["cu_seqlens"] = new
         elif not is_per_row_cu(old, b.batch_size):
             raise BatchValidationError(
                 f"{op}: model_kwargs['cu_seqlens'] of shape {tuple(old.shape)} is neither flat nor per-row "
@@ -445,10 +454,11 @@ def token_layout_updates(b: PuzzletronBatch, row_ids: torch.Tensor | None, op: s
         # A row that starts with padding (after cp_partition) gets a zero-length first document spanning it;
         # that row lacks at least its first document, so the shift never pushes one out of `width`.
         valid = row_ids >= 0
-        lead = ~valid[:, :1] & valid.any(dim=1, keepdim=True)
-        lead_span = valid.long().argmax(dim=1, keepdim=True)
-        lengths = torch.where(lead, torch.cat([torch.zeros_like(lead_span), lengths[:, :-1]], 1), lengths)
-        spans = torch.where(lead, torch.cat([lead_span, spans[:, :-1]], 1), spans)
+        if valid.shape[1]:  # a CP rank may hold no token at all (T < 2 * cp_size)
+            lead = ~valid[:, :1] & valid.any(dim=1, keepdim=True)
+            lead_span = valid.long().argmax(dim=1, keepdim=True)
+            lengths = torch.where(lead, torch.cat([torch.zeros_like(lead_span), lengths[:, :-1]], 1), lengths)
+            spans = torch.where(lead, torch.cat([lead_span, spans[:, :-1]], 1), spans)
         for key, value in (("seq_lens", lengths), ("seq_lens_padded", spans)):
             old = kwargs.get(key)
             if isinstance(old, torch.Tensor):
@@ -482,49 +492,25 @@ def canonical_updates(
 
 
 def media_slices(b: PuzzletronBatch, start: int, stop: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(kwargs updates, sequence updates) giving rows ``[start, stop)`` exactly their images."""
-    kwargs = b.model_kwargs
+    """(kwargs updates, sequence updates) giving rows ``[start, stop)`` exactly their images and videos."""
     if start == 0 and stop == b.batch_size:
         return {}, {}
-    video = [k for k in VIDEO_KWARGS if media_len(kwargs.get(k)) > 0]
-    if video:
-        raise BatchValidationError(
-            f"cannot split video media {video} by rows: per-row video counts are not tracked; "
-            "keep video batches whole (dp_size=1, one microbatch)"
-        )
+    updates, seq_updates = _image_slices(b, start, stop)
+    updates.update(_video_slices(b, start, stop))
+    return updates, seq_updates
+
+
+def _image_slices(b: PuzzletronBatch, start: int, stop: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    kwargs = b.model_kwargs
     counts = b.sequence.media_counts
-    image_keys = [k for k in ("pixel_values", *PER_IMAGE_KWARGS) if k in kwargs and kwargs[k] is not None]
     if counts is None:
-        if any(media_len(kwargs[k]) > 0 for k in image_keys):
+        if any(media_len(kwargs.get(k)) > 0 for k in ("pixel_values", *PER_IMAGE_KWARGS)):
             raise BatchValidationError(
                 "cannot split image media by rows without sequence.media_counts (images per row)"
             )
         return {}, {}
-    offsets = _segments.media_offsets_from_counts(counts).tolist()
-    m0, m1 = offsets[start], offsets[stop]
-    updates: dict[str, Any] = {}
-    for key in PER_IMAGE_KWARGS:
-        if key in kwargs and kwargs[key] is not None:
-            updates[key] = kwargs[key][m0:m1]
-    pixels = kwargs.get("pixel_values")
-    if pixels is not None:
-        total = offsets[-1]
-        grid = kwargs.get("image_grid_thw")
-        if not isinstance(pixels, torch.Tensor) or pixels.shape[0] == total:
-            updates["pixel_values"] = pixels[m0:m1]
-        elif isinstance(grid, torch.Tensor):
-            patches = _segments.patch_offsets_from_grid(grid).tolist()
-            if patches[-1] != pixels.shape[0]:
-                raise BatchValidationError(
-                    f"pixel_values has {pixels.shape[0]} rows but image_grid_thw describes {patches[-1]} "
-                    f"patches of {total} images"
-                )
-            updates["pixel_values"] = pixels[patches[m0] : patches[m1]]
-        else:
-            raise BatchValidationError(
-                f"cannot align flat pixel_values without image_grid_thw ({pixels.shape[0]} rows for "
-                f"{total} images)"
-            )
+    offsets = _segments.media_offsets_from_counts(counts).tolist()  # one host read: [B + 1]
+    updates = _aligned_media(kwargs, offsets, start, stop, "pixel_values", "image_grid_thw", PER_IMAGE_KWARGS)
     new_counts = counts[start:stop]
     seq_updates = {
         "media_counts": new_counts,
@@ -533,6 +519,66 @@ def media_slices(b: PuzzletronBatch, start: int, stop: int) -> tuple[dict[str, A
         ),
     }
     return updates, seq_updates
+
+
+def _video_slices(b: PuzzletronBatch, start: int, stop: int) -> dict[str, Any]:
+    """Rows own videos through a per-row count kwarg (sliced with the rows by ``per_row_sequences`` or
+    ``batch_axis_tensors``); the video kwargs follow it like the image ones follow ``media_counts``."""
+    kwargs = b.model_kwargs
+    present = [k for k in VIDEO_KWARGS if media_len(kwargs.get(k)) > 0]
+    if not present:
+        return {}
+    counts = video_counts(kwargs, b.batch_size)
+    if counts is None:
+        raise BatchValidationError(
+            f"cannot split video media {present} by rows without per-row video counts: pass "
+            f"model_kwargs['n_videos_per_sample'] with B={b.batch_size} entries, or keep the batch whole"
+        )
+    offsets = [0, *itertools.accumulate(counts.tolist() if isinstance(counts, torch.Tensor) else counts)]
+    return _aligned_media(
+        kwargs, offsets, start, stop, "pixel_values_videos", "video_grid_thw", PER_VIDEO_KWARGS
+    )
+
+
+def _aligned_media(
+    kwargs: Mapping[str, Any],
+    offsets: Sequence[int],
+    start: int,
+    stop: int,
+    pixel_key: str,
+    grid_key: str,
+    per_item_keys: Sequence[str],
+) -> dict[str, Any]:
+    """Slices of one media family (images or videos) owned by rows ``[start, stop)``.
+
+    ``offsets`` ``[B + 1]`` are the host media offsets of the rows. Per-item kwargs are sliced by media
+    range; pixels by media range when they hold one entry per item, else by the flat patch ranges of the
+    grid (``0, cumsum(t*h*w)``), else it is an error.
+    """
+    m0, m1, total = offsets[start], offsets[stop], offsets[-1]
+    updates: dict[str, Any] = {}
+    for key in per_item_keys:
+        if kwargs.get(key) is not None:
+            updates[key] = kwargs[key][m0:m1]
+    pixels = kwargs.get(pixel_key)
+    if pixels is None:
+        return updates
+    grid = kwargs.get(grid_key)
+    if not isinstance(pixels, torch.Tensor) or pixels.shape[0] == total:
+        updates[pixel_key] = pixels[m0:m1]
+    elif isinstance(grid, torch.Tensor):
+        patches = _segments.patch_offsets_from_grid(grid).tolist()
+        if patches[-1] != pixels.shape[0]:
+            raise BatchValidationError(
+                f"{pixel_key} has {pixels.shape[0]} rows but {grid_key} describes {patches[-1]} "
+                f"patches of {total} items"
+            )
+        updates[pixel_key] = pixels[patches[m0] : patches[m1]]
+    else:
+        raise BatchValidationError(
+            f"cannot align flat {pixel_key} without {grid_key} ({pixels.shape[0]} rows for {total} items)"
+        )
+    return updates
 
 
 def media_len(value: Any) -> int:

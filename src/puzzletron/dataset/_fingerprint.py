@@ -12,8 +12,9 @@ depends on ``repr()``, ``PYTHONHASHSEED``, ``torch.set_printoptions``, dict inse
 - dataclass: class name, then fields in declaration order;
 - ``None``, ``bool``, ``int``, ``float`` (IEEE bits), ``str`` (UTF-8), ``bytes``, numpy arrays and scalars.
 
-Anything else (a model, a lambda, an open file) is a ``TypeError`` naming its type and where it sits: a
-``repr()`` with a memory address would silently make every fingerprint unique.
+Anything else (a model, a lambda, an open file; sparse, nested, quantized or meta tensors) is a ``TypeError``
+naming its type and where it sits: a ``repr()`` with a memory address would silently make every fingerprint
+unique.
 """
 
 from __future__ import annotations
@@ -49,8 +50,13 @@ def _str(sink: _Sink, text: str) -> None:
 
 
 def _tensor(sink: _Sink, t: torch.Tensor, where: str) -> None:
-    if t.layout != torch.strided:
-        raise TypeError(f"cannot fingerprint {where}: tensor layout {t.layout} has no canonical encoding")
+    if t.layout != torch.strided or t.is_nested:
+        kind = "a nested tensor" if t.is_nested else f"tensor layout {t.layout}"
+        raise TypeError(f"cannot fingerprint {where}: {kind} has no canonical encoding")
+    if t.is_quantized:  # its bytes are the integers only: scale and zero point would be lost
+        raise TypeError(f"cannot fingerprint {where}: quantized tensors have no canonical encoding")
+    if t.device.type == "meta":
+        raise TypeError(f"cannot fingerprint {where}: a meta tensor has no data")
     sink.update(b"T")
     _str(sink, str(t.dtype))
     _len(sink, t.dim())

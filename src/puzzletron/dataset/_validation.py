@@ -9,13 +9,14 @@ from already valid parts by `_batch_ops`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from puzzletron.dataset import _segments
-from puzzletron.dataset._batch_keys import MASK_FIELDS, SEQUENCE_KWARGS
+from puzzletron.dataset._batch_keys import MASK_FIELDS, SEQUENCE_KWARGS, VIDEO_COUNT_KWARGS
 from puzzletron.dataset.errors import BatchValidationError
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ __all__ = [
     "require_int",
     "require_tensor",
     "validate",
+    "video_counts",
 ]
 
 
@@ -160,6 +162,7 @@ def validate(b: PuzzletronBatch, *, packed: bool) -> None:
             )
     elif seq.media_offsets is not None:
         raise BatchValidationError("sequence.media_offsets needs sequence.media_counts")
+    _check_video_counts(b.model_kwargs, B, checks)
 
     if checks:
         # The one host sync of validation (to CPU, whichever device the checks ran on).
@@ -168,6 +171,31 @@ def validate(b: PuzzletronBatch, *, packed: bool) -> None:
         if not bool(ok.all()):
             failed = int((~ok).nonzero()[0])
             raise BatchValidationError(checks[failed][1])
+
+
+def video_counts(kwargs: Mapping[str, Any], batch_size: int) -> torch.Tensor | Sequence[int] | None:
+    """The first of ``VIDEO_COUNT_KWARGS`` holding one count per row (a ``[B]`` tensor or B ints)."""
+    for key in VIDEO_COUNT_KWARGS:
+        value = kwargs.get(key)
+        if isinstance(value, torch.Tensor) and value.dim() == 1 and value.shape[0] == batch_size:
+            return value
+        if isinstance(value, list | tuple) and len(value) == batch_size and all(is_int(v) for v in value):
+            return value
+    return None
+
+
+def _check_video_counts(kwargs: Mapping[str, Any], B: int, checks: list[tuple[torch.Tensor, str]]) -> None:
+    """Per-row video counts (what row splits align videos by) must cover the ``video_grid_thw`` rows."""
+    grid = kwargs.get("video_grid_thw")
+    counts = video_counts(kwargs, B)
+    if not isinstance(grid, torch.Tensor) or counts is None:
+        return
+    key = next(k for k in VIDEO_COUNT_KWARGS if kwargs.get(k) is counts)
+    message = f"model_kwargs[{key!r}] (videos per row) must sum to the {grid.shape[0]} rows of video_grid_thw"
+    if isinstance(counts, torch.Tensor):
+        checks.append((counts.sum().eq(grid.shape[0]), message))
+    elif sum(counts) != grid.shape[0]:
+        raise BatchValidationError(message)
 
 
 def _check_cu_shape(cu: torch.Tensor, name: str, *, minimum: int) -> None:
@@ -240,6 +268,17 @@ def _check_cu_values(
                 (
                     ((flat >= running) | (flat < 0)).all(),
                     "sequence.seq_ids must be numbered in row-major token order (canonical ids)",
+                )
+            )
+            # One run per sample: with the counts and the order above, this makes the ids exactly canonical
+            # (contract 3.4), so no split can cut a sample that crosses a row end or a padding gap.
+            valid = ids >= 0
+            starts = valid.clone()
+            starts[:, 1:] &= (ids[:, 1:] != ids[:, :-1]) | ~valid[:, :-1]
+            checks.append(
+                (
+                    starts.sum().eq(n),
+                    "sequence.seq_ids must hold every sample as one contiguous run inside one row",
                 )
             )
     else:

@@ -43,7 +43,11 @@ every split (``cp_partition``, ``dp_slice``, ``pp_microbatches``, ``pad_batch_to
 Media is per image: ``image_grid_thw``, ``image_position_ids``, ``image_sizes`` have one row per image, and
 ``pixel_values`` has either one entry per image or the flat patches of every image
 (``sum(t*h*w)`` rows, aligned through ``image_grid_thw``); ``sequence.media_counts`` ``[B]`` says how many
-images each row owns. Any other tensor kwarg is passed through *unchanged* by every row or token operation.
+images each row owns. Videos work alike: ``video_grid_thw`` and ``second_per_grid_ts`` have one row per
+video, ``pixel_values_videos`` one entry per video or the flat patches (through ``video_grid_thw``), and
+``model_kwargs["n_videos_per_sample"]`` (or ``num_videos_per_sample``) ``[B]`` says how many videos each
+row owns; a row split of a batch with videos needs it. Media stay whole under ``cp_partition`` (every rank
+runs the vision tower). Any other tensor kwarg is passed through *unchanged* by every row or token operation.
 
 Validation runs once, in ``__init__``: shape rules on the host, value rules as tensor reductions stacked
 into one boolean vector and read with a single host sync (so a batch built on an accelerator costs one sync,
@@ -63,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,10 +82,12 @@ from puzzletron.dataset._batch_keys import (
     FLAT_BACKEND_KWARGS,
     PER_IMAGE_KWARGS,
     PER_ROW_KWARGS,
+    PER_VIDEO_KWARGS,
     ROW_KWARGS,
     SEQUENCE_KWARGS,
     THD_SENTINEL,
     TOKEN_INDEX_KWARGS,
+    VIDEO_COUNT_KWARGS,
     VIDEO_KWARGS,
 )
 from puzzletron.dataset._fingerprint import fingerprint_of
@@ -91,10 +98,12 @@ __all__ = [
     "FLAT_BACKEND_KWARGS",
     "PER_IMAGE_KWARGS",
     "PER_ROW_KWARGS",
+    "PER_VIDEO_KWARGS",
     "ROW_KWARGS",
     "SEQUENCE_KWARGS",
     "THD_SENTINEL",
     "TOKEN_INDEX_KWARGS",
+    "VIDEO_COUNT_KWARGS",
     "VIDEO_KWARGS",
     "DataLayout",
     "Modality",
@@ -153,8 +162,11 @@ class PackedSequenceMetadata:
         cp_rank = require_int(self.cp_rank, "sequence.cp_rank", minimum=0)
         if cp_rank >= cp_size:
             raise BatchValidationError(f"sequence.cp_rank must be < cp_size ({cp_size}); got {cp_rank}")
+        raw = self.sample_offsets
+        if isinstance(raw, torch.Tensor):  # [n, 2]: one host read, not one per entry
+            raw = raw.tolist()
         try:
-            offsets = tuple((int(a), int(b)) for a, b in self.sample_offsets)
+            offsets = tuple((operator.index(a), operator.index(b)) for a, b in raw)
         except (TypeError, ValueError):
             raise BatchValidationError(
                 f"sequence.sample_offsets must be pairs of ints (start, stop); got {self.sample_offsets!r}"
