@@ -22,7 +22,7 @@ __all__ = [
     "TOKEN_INDEX_KWARGS",
     "VIDEO_COUNT_KWARGS",
     "VIDEO_KWARGS",
-    "Path",
+    "TensorPath",
 ]
 
 # Tensors whose last dim is the token axis T (contract 3.1 rule 4, plus HF's token_type_ids).
@@ -73,4 +73,4 @@ MASK_FIELDS = ("ce_mask", "kd_mask", "hidden_mask")
 
 # A tensor location inside a batch: ("kw", key) for model_kwargs, ("field", name) for labels/masks,
 # ("seq", "seq_ids") for the metadata.
-Path = tuple[str, str]
+TensorPath = tuple[str, str]

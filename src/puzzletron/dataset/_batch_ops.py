@@ -30,7 +30,7 @@ from puzzletron.dataset._batch_keys import (
     THD_SENTINEL,
     TOKEN_INDEX_KWARGS,
     VIDEO_KWARGS,
-    Path,
+    TensorPath,
 )
 from puzzletron.dataset._validation import is_int, video_counts
 from puzzletron.dataset.errors import BatchValidationError
@@ -158,7 +158,7 @@ def dp_slice_packed_row(b: PuzzletronBatch, dp_rank: int, dp_size: int) -> Puzzl
     positions = torch.nonzero((row >= first) & (row < last)).reshape(-1)
     tok0, tok1 = int(positions[0]), int(positions[-1]) + 1
     span = tok1 - tok0
-    sliced: dict[Path, torch.Tensor] = {}
+    sliced: dict[TensorPath, torch.Tensor] = {}
     for path, (t, dim) in sequence_axis_tensors(b).items():
         if path == ("kw", "attention_mask") and t.dim() == 4:
             t = t.narrow(2, tok0, span)  # [B, 1, T, T] block mask: query and key axes both
@@ -245,9 +245,9 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return value
 
 
-def sequence_axis_tensors(b: PuzzletronBatch) -> dict[Path, tuple[torch.Tensor, int]]:
+def sequence_axis_tensors(b: PuzzletronBatch) -> dict[TensorPath, tuple[torch.Tensor, int]]:
     """Every tensor with a token axis and that axis (``seq_ids`` excluded: callers add it)."""
-    out: dict[Path, tuple[torch.Tensor, int]] = {}
+    out: dict[TensorPath, tuple[torch.Tensor, int]] = {}
     for key in (*SEQUENCE_KWARGS, "position_ids"):
         t = b.model_kwargs.get(key)
         if isinstance(t, torch.Tensor):
@@ -266,9 +266,9 @@ def sequence_axis_tensors(b: PuzzletronBatch) -> dict[Path, tuple[torch.Tensor, 
     return out
 
 
-def batch_axis_tensors(b: PuzzletronBatch) -> dict[Path, tuple[torch.Tensor, int]]:
+def batch_axis_tensors(b: PuzzletronBatch) -> dict[TensorPath, tuple[torch.Tensor, int]]:
     """Every tensor with a batch axis and that axis (``seq_ids`` and media excluded: callers handle them)."""
-    out: dict[Path, tuple[torch.Tensor, int]] = {}
+    out: dict[TensorPath, tuple[torch.Tensor, int]] = {}
     for key in (*SEQUENCE_KWARGS, *TOKEN_INDEX_KWARGS, *ROW_KWARGS, "inputs_embeds"):
         t = b.model_kwargs.get(key)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
@@ -290,14 +290,14 @@ def batch_axis_tensors(b: PuzzletronBatch) -> dict[Path, tuple[torch.Tensor, int
     return out
 
 
-def _fill_value(path: Path) -> Any:
+def _fill_value(path: TensorPath) -> Any:
     kind, name = path
     if kind == "kw":
         return ROW_FILL.get(name, 0)
     return FIELD_FILL[name]
 
 
-def fill_rows(path: Path, t: torch.Tensor, dim: int, extra: int) -> torch.Tensor:
+def fill_rows(path: TensorPath, t: torch.Tensor, dim: int, extra: int) -> torch.Tensor:
     """``extra`` padding rows shaped like ``t`` on ``dim`` (a per-row cu row is ``[0, -1, ...]``)."""
     shape = list(t.shape)
     shape[dim] = extra
@@ -352,7 +352,7 @@ def derive(b: PuzzletronBatch, **changes: Any) -> PuzzletronBatch:
 
 def assemble(
     b: PuzzletronBatch,
-    tensors: Mapping[Path, torch.Tensor],
+    tensors: Mapping[TensorPath, torch.Tensor],
     *,
     kwargs_updates: Mapping[str, Any] | None = None,
     sequence_updates: Mapping[str, Any] | None = None,

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from puzzletron.dataset import _segments
-from puzzletron.dataset._batch_keys import Path
+from puzzletron.dataset._batch_keys import TensorPath
 from puzzletron.dataset._batch_ops import (
     assemble,
     cu_kwarg_updates,
@@ -179,7 +179,7 @@ def gather_cp_partitions(
     inv = inverse_cp_permutation(token_indices)
     first = partitions[0]
     tables = [sequence_axis_tensors(part) for part in partitions]
-    tensors: dict[Path, torch.Tensor] = {}
+    tensors: dict[TensorPath, torch.Tensor] = {}
     for path, (t0, dim) in tables[0].items():
         if any(path not in table for table in tables):
             raise BatchValidationError(f"partitions disagree on which tensors they hold ({path[1]!r})")
