@@ -708,6 +708,30 @@ def test_equality_and_hash_are_by_content_and_never_crash() -> None:
     assert hash(a.sequence) == hash(b.sequence)
 
 
+def test_equality_and_hash_never_crash_on_values_without_a_canonical_encoding() -> None:
+    # The fingerprint of such a batch is a TypeError (no repr() with a memory address), but == and hash
+    # must not raise: the batch is then equal only to itself and hashes by identity.
+    class Opaque:
+        pass
+
+    marker = Opaque()
+    a = media_batch().replace_model_kwargs(thing=marker)
+    same_content = media_batch().replace_model_kwargs(thing=marker)
+    with pytest.raises(TypeError, match="Opaque"):
+        a.fingerprint  # noqa: B018
+    assert a == a
+    assert (a == same_content) is False
+    assert (a != media_batch()) is True
+    assert hash(a) == hash(a)
+    assert a in {a}
+    assert len({a, same_content, media_batch()}) == 3
+    assert (media_batch() == a) is False
+    seq = PackedSequenceMetadata(seq_ids=torch.eye(2, dtype=torch.long).to_sparse())
+    assert seq == seq
+    assert seq != PackedSequenceMetadata()
+    assert hash(seq) == hash(seq)
+
+
 class HostReads(TorchFunctionMode):
     """Records every torch call that reads tensor values into Python, which on an accelerator is a
     device-to-host sync: ``bool``/``int``/``item``/``tolist``/``cpu``/..., and ops whose output size depends

@@ -60,7 +60,9 @@ decisions); ``_validation`` runs the construction rules, ``_batch_ops`` does the
 ``_batch_keys`` holds the known-key tables re-exported here.
 
 Equality and hashing are by content: ``a == b`` iff their fingerprints are equal, ``hash(a)`` hashes the
-fingerprint. Both therefore hash every tensor on first use (a device-to-host copy on an accelerator).
+fingerprint. Both therefore hash every tensor on first use (a device-to-host copy on an accelerator). They
+never raise: a batch holding a value with no canonical encoding (where ``fingerprint`` is a ``TypeError``)
+is equal only to itself and hashes by identity.
 """
 
 from __future__ import annotations
@@ -176,10 +178,10 @@ class PackedSequenceMetadata:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PackedSequenceMetadata):
             return NotImplemented
-        return self is other or fingerprint_of(self) == fingerprint_of(other)
+        return _content_equal(self, other, fingerprint_of)
 
     def __hash__(self) -> int:
-        return hash(fingerprint_of(self))
+        return _content_hash(self, fingerprint_of)
 
 
 @dataclass(frozen=True, eq=False)
@@ -267,10 +269,10 @@ class PuzzletronBatch:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PuzzletronBatch):
             return NotImplemented
-        return self is other or self.fingerprint == other.fingerprint
+        return _content_equal(self, other, operator.attrgetter("fingerprint"))
 
     def __hash__(self) -> int:
-        return hash(self.fingerprint)
+        return _content_hash(self, operator.attrgetter("fingerprint"))
 
     def __reduce__(self) -> tuple[Callable[..., PuzzletronBatch], tuple[dict[str, Any]]]:
         """Pickle support (DataLoader workers return batches): the fields, mappings as plain dicts.
@@ -426,6 +428,40 @@ class PuzzletronBatch:
                 "call dp_slice/pp_microbatches before cp_partition"
             )
         return _batch_ops.rows(self, start, stop)
+
+
+_NO_CONTENT_KEY = object()  # cached: this object holds a value without a canonical encoding
+
+
+def _content_key(obj: Any, fingerprint: Callable[[Any], str]) -> str | None:
+    """The fingerprint of ``obj``, or ``None`` when it holds a value with no canonical encoding.
+
+    ``fingerprint`` itself raises ``TypeError`` then (a ``repr()`` would make it meaningless), but ``==`` and
+    ``hash`` must never crash: such an object compares by identity instead. The failure is cached so repeated
+    comparisons do not hash its tensors again (``derive`` and unpickling copy fields only, never this cache).
+    """
+    key = obj.__dict__.get("_content_key", None)
+    if key is None:
+        try:
+            key = fingerprint(obj)
+        except TypeError:
+            key = _NO_CONTENT_KEY
+        object.__setattr__(obj, "_content_key", key)
+    return None if key is _NO_CONTENT_KEY else key
+
+
+def _content_equal(a: Any, b: Any, fingerprint: Callable[[Any], str]) -> bool:
+    """By content fingerprint; by identity when either side has no canonical encoding."""
+    if a is b:
+        return True
+    key_a, key_b = _content_key(a, fingerprint), _content_key(b, fingerprint)
+    return key_a is not None and key_a == key_b
+
+
+def _content_hash(obj: Any, fingerprint: Callable[[Any], str]) -> int:
+    """Consistent with `_content_equal`: equal fingerprints hash alike, identity-only objects by id."""
+    key = _content_key(obj, fingerprint)
+    return hash(key) if key is not None else object.__hash__(obj)
 
 
 def _unpickle_batch(state: dict[str, Any]) -> PuzzletronBatch:
