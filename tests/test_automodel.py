@@ -353,6 +353,38 @@ def test_packed_seq_ids_must_match_input_ids() -> None:
         _convert({"input_ids": torch.zeros(1, 4, dtype=torch.long), "_packed_seq_ids": torch.ones(1, 5)})
 
 
+def test_an_unknown_layout_is_an_error_naming_layout() -> None:
+    with pytest.raises(BatchValidationError, match=r"layout must be one of .*'packed_varlen'.*got 'packed'"):
+        _convert({"input_ids": torch.zeros(1, 2, dtype=torch.long)}, layout="packed")
+
+
+def test_sample_ids_as_one_string_is_an_error_not_one_id_per_character() -> None:
+    # "ab" for B = 2 used to become the ids ("a", "b") silently.
+    with pytest.raises(BatchValidationError, match="sample_ids must be a sequence of str"):
+        _convert({"input_ids": torch.zeros(2, 2, dtype=torch.long)}, layout="fixed", ids="ab")
+
+
+@pytest.mark.parametrize("layout", ["fixed", "padded_varlen"])
+@pytest.mark.parametrize(
+    ("extra", "source"),
+    [
+        ({"_packed_seq_ids": torch.tensor([[1, 1, 1, 1], [1, 1, 2, 0]])}, "'_packed_seq_ids'"),
+        ({"attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 2, 0]])}, "'attention_mask'"),
+        ({"seq_lens": torch.tensor([[4, -1000], [2, 1]])}, "'seq_lens'"),
+    ],
+)
+def test_an_unpacked_layout_refuses_rows_holding_several_documents(
+    layout: str, extra: dict, source: str
+) -> None:
+    # One sample per row: the boundaries would be lost (and documents attend to each other) otherwise.
+    with pytest.raises(
+        BatchValidationError, match=rf"row 1 holds 2 documents \(from {source}\).*packed_varlen"
+    ):
+        _convert({"input_ids": torch.zeros(2, 4, dtype=torch.long), **extra}, layout=layout)
+    packed = _convert({"input_ids": torch.zeros(2, 4, dtype=torch.long), **extra})
+    assert packed.sequence.global_cu_seqlens.tolist() == [0, 4, 6, 7]
+
+
 def test_sample_ids_and_source_metadata_are_kept() -> None:
     batch = _convert({"input_ids": torch.zeros(1, 2, dtype=torch.long)}, layout="fixed", ids=["row-a"])
     assert batch.sample_ids == ("row-a",)

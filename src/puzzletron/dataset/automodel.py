@@ -36,6 +36,7 @@ from puzzletron.dataset._segments import (
     media_offsets_from_counts,
     sample_offsets_from_cu,
 )
+from puzzletron.dataset._validation import coerce_enum
 from puzzletron.dataset.batch import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch
 from puzzletron.dataset.errors import BatchValidationError
 
@@ -382,7 +383,7 @@ def batch_from_automodel(
     """
     if not isinstance(collated, Mapping):
         raise _error(f"collated must be a mapping, got {type(collated).__name__}")
-    layout = DataLayout(layout)
+    layout = coerce_enum(DataLayout, layout, "batch_from_automodel: layout")
     input_ids = collated.get("input_ids")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() not in (1, 2):
         got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
@@ -399,6 +400,18 @@ def batch_from_automodel(
 
     doc_map = document_map(rows)
     valid = doc_map.ids >= 0
+    if layout is not DataLayout.PACKED_VARLEN:
+        # One sample per row: a row holding several documents would lose their boundaries (the consumed
+        # '_packed_seq_ids' vanish; cu kwargs would go stale under splits) and attend across documents.
+        starts = valid.clone()
+        starts[:, 1:] &= (doc_map.ids[:, 1:] != doc_map.ids[:, :-1]) | ~valid[:, :-1]
+        per_row = starts.sum(dim=1)
+        if bool((per_row > 1).any()):
+            row = int(torch.nonzero(per_row > 1)[0])
+            raise _error(
+                f"row {row} holds {int(per_row[row])} documents (from {doc_map.source!r}) but layout is "
+                f"{layout.value!r}; use layout 'packed_varlen' to keep their boundaries"
+            )
 
     labels = rows.get("labels")
     if labels is None:
@@ -438,7 +451,7 @@ def batch_from_automodel(
         kd_mask=ce_mask.clone(),
         hidden_mask=valid,
         sequence=sequence,
-        sample_ids=tuple(str(s) for s in sample_ids),
+        sample_ids=sample_ids,
         source_metadata=dict(source_metadata),
         modality=Modality.MULTIMODAL if _holds_media(rows, counts) else Modality.TEXT,
         layout=layout,
