@@ -405,6 +405,47 @@ def test_tampered_images_are_detected(tmp_path):
         load_materialized_conversation_subset(dest)
 
 
+def _replace_line(dest: Path, index: int, text: bytes) -> None:
+    """Overwrite line `index` of samples.jsonl with `text` padded to the same length (index stays valid)."""
+    lines = (dest / "samples.jsonl").read_bytes().split(b"\n")
+    assert len(text) <= len(lines[index])
+    lines[index] = text.ljust(len(lines[index]))
+    (dest / "samples.jsonl").write_bytes(b"\n".join(lines))
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b"5", "sample 0 is int, not a JSON object"),
+        (b"[1, 2]", "sample 0 is list, not a JSON object"),
+        (b'{"conversation": "x", "source": {}}', "field 'source.dataset': expected a non-empty string"),
+        (
+            b'{"conversation": ["x"], "image_count": 0, '
+            b'"source": {"dataset": "d", "revision": "r", "row_id": 1}}',
+            "field 'conversation[0]': expected a mapping",
+        ),
+    ],
+)
+def test_verify_reports_damaged_sample_lines_instead_of_crashing(tmp_path, line, expected):
+    dest = tmp_path / "subset"
+    materialize_normalized_conversation_samples(iter(single_samples(2)), dest)
+    _replace_line(dest, 0, line)
+    report = verify_subset(dest)
+    assert not report.ok
+    assert any(expected in p for p in report.problems), report.problems
+    assert any("'images/000000_00.jpg' is used by no sample" in p for p in report.problems)
+
+
+def test_verify_reports_a_manifest_whose_images_is_not_a_list(tmp_path):
+    dest = tmp_path / "subset"
+    materialize_normalized_conversation_samples(iter(single_samples(2)), dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest["images"] = 3
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    report = verify_subset(dest)
+    assert "'images' is 3; expected a list of records" in report.problems[0]
+
+
 def test_missing_image_is_an_error_naming_it(tmp_path):
     dest = tmp_path / "subset"
     materialize_normalized_conversation_samples(iter(single_samples(2)), dest)

@@ -33,7 +33,7 @@ from typing import Any
 from puzzletron.dataset._atomic import locked, staging_dir
 from puzzletron.dataset._images import encode_image
 from puzzletron.dataset.conversation import validate_conversation
-from puzzletron.dataset.errors import SubsetError
+from puzzletron.dataset.errors import ConversationError, SubsetError
 
 __all__ = [
     "FORMAT",
@@ -106,8 +106,14 @@ def _inside(root: Path, rel: Any, what: str) -> Path:
 
 
 def _image_items(sample: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    for t, turn in enumerate(sample.get("conversation") or ()):
-        for c, item in enumerate(turn.get("content") or ()):
+    """The image items of `sample`; parts that are not shaped like a conversation are skipped (a sample
+    read from disk may be damaged: `verify_subset` reports that, nothing here may crash on it)."""
+    turns = sample.get("conversation") if isinstance(sample, Mapping) else None
+    if not isinstance(turns, list):
+        return
+    for t, turn in enumerate(turns):
+        content = turn.get("content") if isinstance(turn, Mapping) else None
+        for c, item in enumerate(content if isinstance(content, list) else ()):
             if isinstance(item, dict) and item.get("type") == "image":
                 yield f"conversation[{t}].content[{c}].image", item
 
@@ -628,8 +634,10 @@ def verify_subset(path: str | Path) -> VerifyReport:
     if not _is_legacy(manifest):
         for key, what in (("samples", "sample file"), ("index", "sample index")):
             _verify_file(root, manifest.get(key), what, problems)
+    if not isinstance(manifest["images"], list):
+        problems.append(f"{root / MANIFEST}: 'images' is {manifest['images']!r}; expected a list of records")
     records = {}
-    for r in manifest.get("images") or ():
+    for r in manifest["images"] if isinstance(manifest["images"], list) else ():
         if isinstance(r, Mapping):
             records[(r.get("sample_index"), r.get("image_index"))] = r
     if len(records) != manifest.get("image_count"):
@@ -647,14 +655,22 @@ def verify_subset(path: str | Path) -> VerifyReport:
         if sample is None:
             continue
         label = _label(i, sample)
-        source = sample.get("source") if isinstance(sample, Mapping) else None
-        if isinstance(source, Mapping):
-            seen_sources.add((source.get("dataset"), source.get("revision")))
+        if not isinstance(sample, dict):
+            problems.append(f"{root}: {label} is {type(sample).__name__}, not a JSON object")
+            continue
         items = list(_image_items(sample))
-        if isinstance(sample, Mapping) and sample.get("image_count") != len(items):
+        if not _is_legacy(manifest):  # every sample we write passed this check (images as paths)
+            try:
+                validate_conversation(sample, where=f"{root}: {label}")
+            except ConversationError as exc:
+                problems.append(str(exc))
+        elif sample.get("image_count") != len(items):
             problems.append(
                 f"{root}: {label}: image_count {sample.get('image_count')!r} but {len(items)} images"
             )
+        source = sample.get("source")
+        if isinstance(source, Mapping):
+            seen_sources.add((source.get("dataset"), source.get("revision")))
         for k, (field, item) in enumerate(items):
             image_count += 1
             try:
