@@ -693,6 +693,30 @@ def test_pad_batch_without_sample_ids_pads_every_known_kwarg() -> None:
     assert b.pad_batch_to_multiple(1) is b
 
 
+@pytest.mark.parametrize("cu", [torch.tensor([0, 4, 8]), torch.tensor([[0, 4, 8]])])
+def test_a_flat_cu_seqlens_kwarg_without_packing_metadata_is_refused_not_left_stale(cu: torch.Tensor) -> None:
+    # A padded batch whose flat cu spans both rows: no split can rebuild it (there is no global cu), and
+    # keeping it would describe tokens or rows the result no longer holds.
+    b = PuzzletronBatch(
+        {"input_ids": torch.arange(8).reshape(2, 4), "cu_seqlens": cu}, layout="padded_varlen"
+    )
+    with pytest.raises(BatchValidationError, match=r"cp_partition: model_kwargs\['cu_seqlens'\]"):
+        b.cp_partition(torch.tensor([0, 3]), cp_rank=0, cp_size=2)
+    with pytest.raises(BatchValidationError, match=r"row split: model_kwargs\['cu_seqlens'\]"):
+        b.pp_microbatches(2)
+    with pytest.raises(BatchValidationError, match=r"row split: model_kwargs\['cu_seqlens'\]"):
+        b.dp_slice(dp_rank=0, dp_size=2)
+    one_row = PuzzletronBatch({"input_ids": torch.arange(4)[None], "cu_seqlens": torch.tensor([[0, 4]])})
+    with pytest.raises(BatchValidationError, match=r"cu_seqlens"):
+        one_row.cp_partition(torch.tensor([0, 3]), cp_rank=0, cp_size=2)
+    # A per-row [B, D+1] cu is row-local: row splits still slice it.
+    per_row = PuzzletronBatch(
+        {"input_ids": torch.arange(8).reshape(2, 4), "cu_seqlens": torch.tensor([[0, 4], [0, 3]])},
+        layout="padded_varlen",
+    )
+    assert per_row.pp_microbatches(2)[1].model_kwargs["cu_seqlens"].tolist() == [[0, 3]]
+
+
 # -- equality and hashing ------------------------------------------------------------------------
 
 

@@ -115,6 +115,8 @@ def rows(b: PuzzletronBatch, start: int, stop: int) -> PuzzletronBatch:
     sliced = {path: t.narrow(dim, start, stop - start) for path, (t, dim) in batch_axis_tensors(b).items()}
     kwargs_updates, seq_updates = media_slices(b, start, stop)
     kwargs_updates.update({key: value[start:stop] for key, value in per_row_sequences(b).items()})
+    if b.sequence.global_cu_seqlens is None:
+        kwargs_updates.update(cu_kwarg_updates(b, None, None, "row split"))  # refuses a stale flat cu
     if seq_ids is not None:
         ids, canon_seq, canon_kwargs = canonical_updates(b, seq_ids[start:stop], "row split")
         sliced[("seq", "seq_ids")] = ids
@@ -406,10 +408,19 @@ def cu_kwarg_updates(
     width) and int ``max_seqlen`` kwargs.
 
     A per-row ``[B, D+1]`` ``cu_seqlens`` with B > 1 is left alone: row splits slice it, token splits rebuild
-    it with ``token_layout_updates``.
+    it with ``token_layout_updates``. Without ``cu`` (a batch with no global cu) a flat one is an error: it
+    cannot be rebuilt and would go stale.
     """
     updates: dict[str, Any] = {}
     old = b.model_kwargs.get("cu_seqlens")
+    per_row = is_per_row_cu(old, b.batch_size) and b.batch_size > 1  # row-local: sliced or rebuilt per row
+    if isinstance(old, torch.Tensor) and cu is None and not per_row:
+        # A flat cu spans the whole batch: kept as is it would describe tokens or rows the result lacks.
+        raise BatchValidationError(
+            f"{op}: model_kwargs['cu_seqlens'] of shape {tuple(old.shape)} covers the whole batch, and "
+            "without sequence.global_cu_seqlens it cannot be rebuilt for the result; use layout "
+            "'packed_varlen' with packing metadata, or a per-row [B, D+1] form"
+        )
     if isinstance(old, torch.Tensor) and cu is not None:
         if old.dim() == 1:
             updates["cu_seqlens"] = cu.to(device=old.device, dtype=old.dtype)
