@@ -1,4 +1,5 @@
-"""Largest-remainder quotas and deficit redistribution: pure integer functions, exact fractions."""
+"""Largest-remainder quotas and deficit redistribution: pure integer functions, exact fractions; the
+round-robin with an injected loader (no Hub)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ from fractions import Fraction
 
 import pytest
 
-from puzzletron.dataset.acquisition import largest_remainder_quotas, redistribute_deficit
+from _conversation_samples import nemotron_row
+from puzzletron.dataset.acquisition import (
+    VlmAcquisitionSpec,
+    largest_remainder_quotas,
+    materialize_intersyn_subset,
+    materialize_nemotron_vlm_dataset,
+    redistribute_deficit,
+)
+from puzzletron.dataset.errors import ConfigError, PuzzletronDataError, SubsetError
 
 
 def test_golden_weights_10_30_total_7_give_2_5() -> None:
@@ -59,3 +68,42 @@ def test_redistribution_weighs_by_max_weight_minus_taken_or_one() -> None:
     assert extra == {"b": 5, "c": 0}
     assert redistribute_deficit({"a": 1, "b": 1}, {"a": 4, "b": 9}, ["a", "b"], 3) == {"a": 2, "b": 1}
     assert redistribute_deficit({"a": 1}, {"a": 0}, [], 3) == {}
+
+
+@pytest.mark.parametrize("total", [2.5, True, "3", None])
+def test_a_total_that_is_not_an_integer_is_a_config_error(total) -> None:
+    with pytest.raises(ConfigError, match="total must be a non-negative integer"):
+        largest_remainder_quotas({"a": 1, "b": 2}, total)
+
+
+def test_a_loader_row_that_is_not_a_mapping_is_rejected_and_recorded(tmp_path) -> None:
+    """An injected loader yielding junk: the row is recorded as rejected, the run goes on (no crash)."""
+
+    def loader(subset: str, **_: object):
+        yield ["not", "a", "row"]
+        yield nemotron_row(1)
+
+    manifest = materialize_nemotron_vlm_dataset(
+        VlmAcquisitionSpec(output_dir=tmp_path / "s", subsets=("only",), num_samples=1),
+        sample_loader=loader,
+        revision_resolver=lambda source, revision: "a" * 40,
+    )
+    assert manifest["diagnostics"]["rejected_rows"] == [
+        {"subset": "only", "row_id": None, "reason": "expected a row mapping, got list"}
+    ]
+    assert manifest["diagnostics"]["materialized_rows"] == {"only": 1}
+
+
+def test_snapshot_errors_belong_to_the_library_hierarchy(tmp_path) -> None:
+    """A caller catching `PuzzletronDataError` (or `SubsetError`) sees a mismatching snapshot too."""
+
+    def loader(subset: str, **_: object):
+        yield nemotron_row(1)
+
+    spec = VlmAcquisitionSpec(output_dir=tmp_path / "s", subsets=("only",), num_samples=1)
+    materialize_nemotron_vlm_dataset(spec, sample_loader=loader, revision_resolver=lambda s, r: "a" * 40)
+    other = VlmAcquisitionSpec(output_dir=tmp_path / "s", subsets=("only",), num_samples=1, seed=7)
+    with pytest.raises(SubsetError, match="does not match requested acquisition"):
+        materialize_nemotron_vlm_dataset(other, sample_loader=loader, revision_resolver=lambda s, r: "a" * 40)
+    with pytest.raises(PuzzletronDataError, match="does not match requested acquisition"):
+        materialize_intersyn_subset(tmp_path / "s", dataset_loader=loader)

@@ -214,13 +214,13 @@ def largest_remainder_quotas(weights: Mapping[str, int], total: int) -> dict[str
     >>> largest_remainder_quotas({"a": 1, "b": 1, "c": 1}, 2)
     {'a': 1, 'b': 1, 'c': 0}
     """
-    if total < 0:
-        raise ValueError(f"total must be non-negative, got {total}")
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise ConfigError(f"total must be a non-negative integer, got {total!r}")
     names = list(weights)
     if not names:
-        raise ValueError("weights must name at least one key")
+        raise ConfigError("weights must name at least one key")
     if any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in weights.values()):
-        raise ValueError(f"weights must be positive integers, got {dict(weights)}")
+        raise ConfigError(f"weights must be positive integers, got {dict(weights)}")
     whole = sum(weights.values())
     quotas = {name: total * weights[name] // whole for name in names}
     left = total - sum(quotas.values())
@@ -248,7 +248,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: unreadable snapshot manifest ({exc})") from exc
+        raise SubsetError(f"{path}: unreadable snapshot manifest ({exc})") from exc
 
 
 def _check_reusable(
@@ -273,7 +273,7 @@ def _check_reusable(
         detail = ", ".join(
             f"{k}: existing {acquisition.get(k)!r} vs requested {wanted.get(k)!r}" for k in differs
         )
-        raise ValueError(
+        raise SubsetError(
             f"{where}: the existing snapshot does not match requested acquisition ({detail}); "
             "choose another output directory or delete this one"
         )
@@ -383,7 +383,7 @@ def _split_files(root: Path, split: str) -> list[Path]:
     try:
         return [root / split / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{state} is missing or unreadable ({exc})") from exc
+        raise SubsetError(f"{state} is missing or unreadable ({exc})") from exc
 
 
 def _check_complete_puzzle_kd(out: Path, manifest: Mapping[str, Any]) -> None:
@@ -401,7 +401,7 @@ def _check_complete_puzzle_kd(out: Path, manifest: Mapping[str, Any]) -> None:
                 problems.append(str(exc))
     problems = [p for p in problems if p]
     if problems:
-        raise ValueError(f"{out}: incomplete Puzzle-KD snapshot: {'; '.join(problems[:5])}")
+        raise SubsetError(f"{out}: incomplete Puzzle-KD snapshot: {'; '.join(problems[:5])}")
 
 
 def _arrow_rows(path: Path) -> int:
@@ -489,7 +489,7 @@ def materialize_puzzle_kd_dataset(
         logger.info("reusing Puzzle-KD snapshot at %s", out)
         return manifest
     if _nonempty(out):
-        raise ValueError(
+        raise SubsetError(
             f"{out}: directory is not empty and holds no complete Puzzle-KD snapshot ({MANIFEST_NAME})"
         )
     revision = revision_resolver(spec.source, spec.revision)
@@ -643,9 +643,11 @@ class _RoundRobin:
         for row in rows:
             row_id = row.get("id") if isinstance(row, Mapping) else None
             reason = None
-            if isinstance(row, Mapping) and row.get("_error"):
+            if not isinstance(row, Mapping):
+                reason = f"expected a row mapping, got {type(row).__name__}"
+            elif row.get("_error"):
                 reason = row["_error"]
-            elif isinstance(row, Mapping) and row.get("_missing"):
+            elif row.get("_missing"):
                 if row.get("_shards"):
                     reason = f"image(s) {row['_missing']} not found in any of the {row['_shards']} tar shards"
                 else:
@@ -864,7 +866,7 @@ def materialize_intersyn_subset(
     out = Path(output_dir)
     recorded = _subset_acquisition(out)
     if recorded is not None and recorded != acquisition:
-        raise ValueError(
+        raise SubsetError(
             f"{out}: the existing InterSyn subset does not match requested acquisition "
             f"(existing {recorded}, requested {acquisition}); choose another output directory"
         )
