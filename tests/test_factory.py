@@ -18,6 +18,7 @@ from puzzletron.dataset import (
     load_materialized_conversation_dataset,
     materialize_normalized_conversation_samples,
 )
+from puzzletron.dataset.errors import ConfigError, ConversationError
 from puzzletron.dataset.factory import round_robin_order
 
 
@@ -80,7 +81,8 @@ def test_all_samples_without_num_samples(subset):
 
 @pytest.mark.parametrize("bad", [0, -1, 7, True])
 def test_num_samples_must_be_positive_and_available(subset, bad):
-    with pytest.raises(ValueError, match="num_samples"):
+    # a ValueError as the contract says, and one of the library's (ConfigError) like every other error
+    with pytest.raises(ConfigError, match="num_samples"):
         load_materialized_conversation_dataset(subset, num_samples=bad)
 
 
@@ -112,7 +114,7 @@ def test_works_with_a_dataloader_and_pickles(subset):
 
 
 def test_bad_control_types_are_rejected(subset):
-    with pytest.raises(ValueError, match="max_length"):
+    with pytest.raises(ConfigError, match="max_length"):
         load_materialized_conversation_dataset(subset, max_length="long")
     with pytest.raises(ValueError, match="truncate"):
         load_materialized_conversation_dataset(subset, truncate="yes")
@@ -150,3 +152,10 @@ def test_factory_docstring_examples_run():
 
     result = doctest.testmod(factory)
     assert result.attempted >= 1 and result.failed == 0
+
+
+def test_an_in_memory_sample_without_source_is_a_conversation_error():
+    samples = single_samples(2)
+    del samples[1]["source"]
+    with pytest.raises(ConversationError, match="sample 1: missing 'source' mapping"):
+        load_materialized_conversation_dataset(samples)

@@ -25,6 +25,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from puzzletron.dataset.errors import ConfigError, ConversationError
 from puzzletron.dataset.subset import SubsetReader
 
 __all__ = ["ConversationDataset", "load_materialized_conversation_dataset", "round_robin_order"]
@@ -54,7 +55,9 @@ def _group_ids(samples: Sequence[Mapping[str, Any]]) -> list[int]:
     for i, sample in enumerate(samples):
         source = sample.get("source") if isinstance(sample, Mapping) else None
         if not isinstance(source, Mapping):
-            raise ValueError(f"sample {i}: missing 'source' mapping; cannot group by dataset and revision")
+            raise ConversationError(
+                f"sample {i}: missing 'source' mapping; cannot group by dataset and revision"
+            )
         out.append(ids.setdefault((source.get("dataset"), source.get("revision")), len(ids)))
     return out
 
@@ -82,12 +85,12 @@ class ConversationDataset(Dataset):
 
 def _check_int(name: str, value: Any) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        raise ConfigError(f"{name} must be a positive integer or None, got {value!r}")
 
 
 def _check_bool(name: str, value: Any) -> None:
     if value is not None and not isinstance(value, bool):
-        raise ValueError(f"{name} must be true, false or None, got {value!r}")
+        raise ConfigError(f"{name} must be true, false or None, got {value!r}")
 
 
 def load_materialized_conversation_dataset(
@@ -141,7 +144,7 @@ def load_materialized_conversation_dataset(
     order = round_robin_order(groups)
     if num_samples is not None:
         if num_samples > len(order):
-            raise ValueError(
+            raise ConfigError(
                 f"num_samples={num_samples} exceeds the {len(order)} samples available in the subset"
             )
         order = order[:num_samples]
