@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -21,6 +22,8 @@ def _run(args: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     workdir = tmp_path_factory.mktemp("demo")
+    # Debris of an interrupted hub generation: the run must clear it, not trip over it.
+    (workdir / "hub.partial" / "mirrors").mkdir(parents=True)
     return _run(["demo", "--workdir", str(workdir)], timeout=180), workdir
 
 
@@ -54,6 +57,8 @@ def test_demo_runs_every_stage_and_reports(demo):
     assert re.search(r"every one of \d+ packs \(\d+ samples\) dealt exactly once", out)
     assert re.search(r"^  total [\d.]+ s; ok$", out, flags=re.M)
     assert (workdir / "snapshots" / "puzzle-kd" / "train").is_dir()
+    assert not (workdir / "hub.partial").exists()
+    assert json.loads((workdir / "hub" / "demo-hub.json").read_text()) == {"seed": 0}
 
 
 @pytest.mark.slow
@@ -68,6 +73,27 @@ def test_demo_exits_non_zero_naming_the_failed_stage_and_stops(tmp_path):
     assert [(status, n) for status, n, _ in stages] == [("ok", "1"), ("ok", "2"), ("FAIL", "3")]
     assert "holds no complete Puzzle-KD snapshot" in result.stdout
     assert "FAILED at stage [3], 5 stage(s) after it not run" in result.stdout
+
+
+@pytest.mark.slow
+def test_demo_refuses_a_hub_left_half_written_instead_of_serving_it(tmp_path):
+    # What an interrupted generation used to leave: hub/mirrors with only some repositories.
+    (tmp_path / "hub" / "mirrors" / "datasets" / "nvidia").mkdir(parents=True)
+    result = _run(["demo", "--workdir", str(tmp_path)], timeout=180)
+    assert result.returncode == 1, result.stdout[-3000:]
+    stages = re.findall(STAGE_LINE, result.stdout, flags=re.M)
+    assert [(status, n) for status, n, _ in stages] == [("ok", "1"), ("FAIL", "2")]
+    assert f"{tmp_path / 'hub'} exists but is not a complete fixture Hub" in result.stdout
+
+
+@pytest.mark.slow
+def test_demo_refuses_to_reuse_a_workdir_of_another_seed(demo):
+    _, workdir = demo  # generated with --seed 0
+    result = _run(["demo", "--workdir", str(workdir), "--seed", "3"], timeout=180)
+    assert result.returncode == 1, result.stdout[-3000:]
+    stages = re.findall(STAGE_LINE, result.stdout, flags=re.M)
+    assert [(status, n) for status, n, _ in stages] == [("ok", "1"), ("FAIL", "2")]
+    assert "holds the fixture Hub of --seed 0, not --seed 3" in result.stdout
 
 
 @pytest.mark.slow

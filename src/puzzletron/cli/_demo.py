@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import shutil
 import tempfile
 import time
 import traceback
@@ -34,6 +36,7 @@ __all__ = ["register"]
 PACK_SIZE = 4096  # the demo's text pack size (Puzzle-KD chat lengths: median ~800 fixture tokens)
 DP, CP, PP = 2, 2, 2
 PACKS_PER_BATCH = 4
+HUB_MARKER = "demo-hub.json"  # written last into <workdir>/hub: the seed of a complete fixture Hub
 
 
 @dataclass
@@ -179,14 +182,41 @@ def _serve_hub(demo: _Demo, st: _Stage) -> None:
     from puzzletron.fixtures.mirror import serve_hub
 
     hub_dir = demo.workdir / "hub"
-    reuse = (hub_dir / "mirrors").exists()  # a --workdir of an earlier run
-    hub = None if reuse else generate_fixture_hub(hub_dir, seed=demo.seed)
+    reuse = hub_dir.exists()  # a --workdir of an earlier run
+    hub = None
+    if reuse:
+        _check_reusable_hub(hub_dir, demo.seed)
+    else:
+        # Generated aside and renamed into place with its seed recorded, so an interrupted run leaves no
+        # half-written hub/ for the next run to mistake for a complete one.
+        partial = demo.workdir / "hub.partial"
+        shutil.rmtree(partial, ignore_errors=True)  # an interrupted earlier generation (ours by name)
+        hub = generate_fixture_hub(partial, seed=demo.seed)
+        (partial / HUB_MARKER).write_text(json.dumps({"seed": demo.seed}) + "\n")
+        partial.rename(hub_dir)
     endpoint = demo.stack.enter_context(serve_hub(hub_dir))
     demo.stack.enter_context(_hf_env(demo.workdir, endpoint))
     demo.hub_dir = hub_dir
     st.lines.append(f"serving {hub_dir / 'mirrors'} at {endpoint}" + (" (reused)" if reuse else ""))
     if hub is not None:
         st.lines.extend(f"{repo} @ {sha[:12]}" for repo, sha in hub.shas.items())
+
+
+def _check_reusable_hub(hub_dir: Path, seed: int) -> None:
+    """Raise unless ``hub_dir`` is a complete fixture Hub that an earlier demo generated with ``seed``."""
+    marker = hub_dir / HUB_MARKER
+    try:
+        recorded = json.loads(marker.read_text())["seed"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise FileExistsError(
+            f"{hub_dir} exists but is not a complete fixture Hub of an earlier demo (no readable "
+            f"{HUB_MARKER}); remove it or choose another --workdir"
+        ) from None
+    if recorded != seed:
+        raise FileExistsError(
+            f"{hub_dir} holds the fixture Hub of --seed {recorded}, not --seed {seed}; its snapshots would "
+            "not match this seed: choose another --workdir or run with the same seed"
+        )
 
 
 def _puzzle_kd(demo: _Demo, st: _Stage) -> None:
