@@ -119,13 +119,3 @@ def test_verify_dispatches_a_text_snapshot_to_the_acquisition_verifier(text_snap
     assert main(["verify", str(text_snapshot)]) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "SHA-256 differs" in out
-
-
-def test_verify_of_a_text_snapshot_without_the_verifier_says_not_a_conversation_subset(
-    text_snapshot, capsys, monkeypatch
-):
-    from puzzletron.dataset import acquisition
-
-    monkeypatch.delattr(acquisition, "verify_text_snapshot", raising=False)
-    assert main(["verify", str(text_snapshot)]) == 1
-    assert "not a conversation subset" in capsys.readouterr().out

@@ -39,22 +39,11 @@ def manifest_kind(path: str | Path) -> str | None:
     return TEXT if isinstance(manifest.get("splits"), dict) and "images" not in manifest else CONVERSATION
 
 
-def _text_snapshot_verifier() -> Any:
-    from puzzletron.dataset import acquisition
-
-    return getattr(acquisition, "verify_text_snapshot", None)
-
-
 def _verify(args: argparse.Namespace) -> int:
     if manifest_kind(args.dir) == TEXT:
-        verifier = _text_snapshot_verifier()
-        if verifier is None:
-            print(
-                f"FAILED {Path(args.dir).absolute()}: not a conversation subset (a Puzzle-KD text snapshot, "
-                "which this version cannot verify)"
-            )
-            return 1
-        report = verifier(args.dir)
+        from puzzletron.dataset.acquisition import verify_text_snapshot
+
+        report = verify_text_snapshot(args.dir)
         counts = f"{report.sample_count} rows"
     else:
         report = verify_subset(args.dir)

@@ -371,7 +371,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
             f"{root / MANIFEST}: 'images' does not list image_count={manifest['image_count']} images"
         )
     for record in manifest["images"]:
-        where = f"image {record.get('path')!r}" if isinstance(record, Mapping) else "image"
+        where = "image"
         if isinstance(record, Mapping):
             where = f"image of sample {record.get('sample_index')} (row {record.get('row_id')!r})"
         _check_file(root, record, where)
