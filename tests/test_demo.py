@@ -132,3 +132,17 @@ def test_pack_report_writes_a_png_and_prints_the_numbers(demo, tmp_path):
     assert re.search(r"^rows\s+\d+ \(lower bound \d+\)$", result.stdout, flags=re.M)
     assert re.search(r"^efficiency\s+\d+\.\d+%", result.stdout, flags=re.M)
     assert "512 rows" in result.stdout
+
+
+def test_pack_report_errors_are_one_line_with_the_documented_exit_codes(tmp_path, capsys):
+    from puzzletron.cli import main
+
+    missing = tmp_path / "no-snapshot"
+    args = ["pack-report", str(missing), "--tokenizer", str(tmp_path), "--out", str(tmp_path / "r.png")]
+    assert main([*args, "--pack-size", "64"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"puzzletron-data pack-report: text snapshot {missing} does not exist\n"
+    assert main([*args, "--pack-size", "0"]) == 2  # a usage error, reported before any work
+    err = capsys.readouterr().err
+    assert err == "puzzletron-data pack-report: data.packing.pack_size must be > 0; got 0\n"
+    assert not (tmp_path / "r.png").exists()

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -518,6 +519,21 @@ def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, title: str = "", 
 
 
 def _run_pack_report(args: argparse.Namespace) -> int:
+    """Exit 0 with the report, 1 on a data error (snapshot, split, tokenizer, rows), 2 on a bad option."""
+    from puzzletron.dataset.errors import ConfigError, PuzzletronDataError
+
+    try:
+        return _pack_report(args)
+    except ConfigError as exc:
+        print(f"puzzletron-data pack-report: {exc}", file=sys.stderr)
+        return 2
+    except (PuzzletronDataError, ValueError, KeyError, OSError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"puzzletron-data pack-report: {message}", file=sys.stderr)
+        return 1
+
+
+def _pack_report(args: argparse.Namespace) -> int:
     import datasets
 
     from puzzletron.dataset.config import PackingSpec
@@ -525,13 +541,14 @@ def _run_pack_report(args: argparse.Namespace) -> int:
     from puzzletron.dataset.text import load_text_split, tokenize_conversations
 
     datasets.disable_progress_bars()
+    spec = PackingSpec(pack_size=args.pack_size)  # a bad option fails before any work
     start = time.perf_counter()
     rows = load_text_split(Path(args.snapshot), split=args.split)
     tokenized = tokenize_conversations(rows, tokenizer=Path(args.tokenizer), num_proc=args.num_proc)
     tokenize_s = time.perf_counter() - start
     lengths = tokenized.samples.lengths
     start = time.perf_counter()
-    plan = plan_packing(lengths, PackingSpec(pack_size=args.pack_size), seed=args.seed)
+    plan = plan_packing(lengths, spec, seed=args.seed)
     plan_s = time.perf_counter() - start
     title = f"Packing of {Path(args.snapshot).name} [{args.split}] into rows of {plan.pack_size} tokens"
     draw_packing(plan, lengths, Path(args.out), title=title)
