@@ -101,6 +101,22 @@ def test_tar_members_index_reads_exact_bytes(fixture_hub: FixtureHub) -> None:
             assert _hub.read_member(shard, span) == tar.extractfile(name).read()  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    ("name", "data", "read"),
+    [
+        ("shard_000000.tar", b"not a tar at all" * 40, _hub.tar_members),
+        ("train-00000.parquet", b"PAR1 garbage", lambda p: list(_hub.iter_parquet_tables(p))),
+    ],
+)
+def test_a_damaged_downloaded_file_is_an_acquisition_error_naming_it(
+    tmp_path: Path, name: str, data: bytes, read
+) -> None:
+    damaged = tmp_path / name
+    damaged.write_bytes(data)
+    with pytest.raises(AcquisitionError, match=rf"{name}: the downloaded .* cannot be read.*delete it"):
+        read(damaged)
+
+
 # --------------------------------------------------------------------- olah quirks the code works around
 
 

@@ -209,15 +209,29 @@ def download(source: str, path: str, revision: str) -> Path:
     return Path(local)
 
 
+def _unreadable(path: Path, kind: str, exc: BaseException) -> AcquisitionError:
+    """A downloaded file that cannot be read: name it (its cache path names repository and revision)."""
+    return AcquisitionError(
+        f"{path}: the downloaded {kind} cannot be read ({type(exc).__name__}: {exc}); it is damaged or not "
+        f"a {kind}: delete it from the Hub cache ({cache_dir()}) and rerun"
+    )
+
+
 def iter_parquet_tables(path: Path, *, rng: random.Random | None = None) -> Iterator[pa.Table]:
     """One table per row group of a local parquet file; with `rng`, row groups in a random order and
-    rows shuffled within each (memory: one row group)."""
-    reader = pq.ParquetFile(path)
+    rows shuffled within each (memory: one row group). A damaged file is an `AcquisitionError` naming it."""
+    try:
+        reader = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(path, "parquet file", exc) from exc
     groups = list(range(reader.num_row_groups))
     if rng is not None:
         rng.shuffle(groups)
     for group in groups:
-        table = reader.read_row_group(group)
+        try:
+            table = reader.read_row_group(group)
+        except (pa.ArrowException, OSError) as exc:
+            raise _unreadable(path, "parquet file", exc) from exc
         if rng is not None and table.num_rows > 1:
             order = list(range(table.num_rows))
             rng.shuffle(order)
@@ -226,9 +240,13 @@ def iter_parquet_tables(path: Path, *, rng: random.Random | None = None) -> Iter
 
 
 def tar_members(path: Path) -> dict[str, tuple[int, int]]:
-    """``{member name: (offset, size)}`` of the regular files of a local tar shard."""
-    with tarfile.open(path, mode="r:") as tar:
-        return {m.name: (m.offset_data, m.size) for m in tar.getmembers() if m.isfile()}
+    """``{member name: (offset, size)}`` of the regular files of a local tar shard (a damaged shard is an
+    `AcquisitionError` naming it)."""
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            return {m.name: (m.offset_data, m.size) for m in tar.getmembers() if m.isfile()}
+    except (tarfile.TarError, OSError) as exc:
+        raise _unreadable(path, "tar shard", exc) from exc
 
 
 def read_member(path: Path, span: tuple[int, int]) -> bytes:
