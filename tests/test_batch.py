@@ -536,6 +536,30 @@ def test_dp_slice_one_packed_row_golden() -> None:
     revalidated(r1)
 
 
+def test_a_packed_row_without_seq_ids_takes_its_padding_from_hidden_mask() -> None:
+    # cu counts valid tokens; with hidden_mask and no seq_ids the padding may sit mid-row. Deriving the ids
+    # as "the first cu[-1] tokens" used to give rank 1 the padding token and drop token 14.
+    b = PuzzletronBatch(
+        {"input_ids": torch.tensor([[10, 11, 0, 12, 13, 14]])},
+        labels=torch.tensor([[10, 11, -100, 12, 13, 14]]),
+        hidden_mask=torch.tensor([[True, True, False, True, True, True]]),
+        sequence=PackedSequenceMetadata(global_cu_seqlens=torch.tensor([0, 2, 5])),
+        layout="packed_varlen",
+    )
+    r0, r1 = (b.dp_slice(dp_rank=r, dp_size=2) for r in range(2))
+    assert r0.input_ids.tolist() == [[10, 11]]
+    assert r1.input_ids.tolist() == [[12, 13, 14]]
+    assert r1.hidden_mask.tolist() == [[True, True, True]]
+    assert r1.sequence.seq_ids.tolist() == [[0, 0, 0]]
+    assert r1.sequence.global_cu_seqlens.tolist() == [0, 3]
+    revalidated(r1)
+    # cp_partition counts the local tokens of each sample on the same ids: tokens 0..2 hold sample 0 only.
+    part = b.cp_partition(torch.tensor([0, 1, 2]), cp_rank=0, cp_size=2)
+    assert part.sequence.seq_ids.tolist() == [[0, 0, -1]]
+    assert part.sequence.local_cu_seqlens.tolist() == [0, 2]
+    revalidated(part)
+
+
 def test_dp_slice_packed_row_drops_trailing_padding_and_deals_extra_samples_first() -> None:
     b = packed_row([1, 2, 3, 4, 5], 18)  # 15 valid tokens + 3 padding; 5 samples over 2 ranks -> 3 + 2
     r0, r1 = (b.dp_slice(dp_rank=r, dp_size=2) for r in range(2))

@@ -82,6 +82,12 @@ def test_batch_indices_treat_padding_runs_as_segments() -> None:
     )
     assert batch_cp_indices(b, cp_rank=0, cp_size=2).tolist() == [0, 2, 4, 7]
     assert batch_cp_indices(b, cp_rank=1, cp_size=2).tolist() == [1, 3, 5, 6]
+    # Without seq_ids the same segments come from cu and hidden_mask (the padding is mid-row, not trailing).
+    no_ids = dataclasses.replace(
+        b, sequence=PackedSequenceMetadata(global_cu_seqlens=torch.tensor([0, 2, 6]))
+    )
+    assert batch_cp_indices(no_ids, cp_rank=0, cp_size=2).tolist() == [0, 2, 4, 7]
+    assert batch_cp_indices(no_ids, cp_rank=1, cp_size=2).tolist() == [1, 3, 5, 6]
 
 
 def test_inverse_permutation_golden_and_errors() -> None:

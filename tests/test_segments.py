@@ -89,6 +89,11 @@ def test_seq_ids_from_cu_marks_tokens_past_the_end_as_padding() -> None:
     assert seq_ids_from_cu(torch.tensor([0, 2, 3], dtype=torch.int32), 5).tolist() == [0, 0, 1, -1, -1]
 
 
+def test_seq_ids_from_cu_with_valid_tokens_puts_padding_where_they_say() -> None:
+    valid = torch.tensor([False, True, True, False, True, True, True, False])
+    assert seq_ids_from_cu(torch.tensor([0, 2, 5]), 8, valid=valid).tolist() == [-1, 0, 0, -1, 1, 1, 1, -1]
+
+
 def test_counts_ignore_padding_and_out_of_range_ids() -> None:
     ids = torch.tensor([[0, 0, 2, -1], [2, 5, 1, -1]])
     assert counts_per_sample(ids, 3).tolist() == [2, 1, 2]

@@ -397,7 +397,8 @@ def packed_seq_ids(b: PuzzletronBatch, op: str) -> torch.Tensor | None:
     if cu is None:
         return None
     if b.batch_size == 1 and seq.cp_size == 1:
-        return _segments.seq_ids_from_cu(cu, b.sequence_length).reshape(1, -1)
+        valid = b.hidden_mask[0].bool() if b.hidden_mask is not None else None  # padding may sit anywhere
+        return _segments.seq_ids_from_cu(cu, b.sequence_length, valid=valid).reshape(1, -1)
     raise BatchValidationError(f"{op}: a packed batch with B > 1 needs sequence.seq_ids to align its samples")
 
 

@@ -129,17 +129,30 @@ def cu_from_seq_ids(seq_ids: torch.Tensor, num_samples: int | None = None) -> to
     return cu_from_counts(counts_per_sample(seq_ids, num_samples))
 
 
-def seq_ids_from_cu(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+def seq_ids_from_cu(
+    cu_seqlens: torch.Tensor, length: int, *, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """Ids ``[length]`` int64 of one packed row whose samples are ``cu`` (tokens past ``cu[-1]`` get ``-1``).
+
+    cu counts *valid* tokens: with ``valid`` ``[length]`` (bool, e.g. the row's ``hidden_mask``) the k-th
+    valid token is the k-th token of the concatenated samples and every other token is padding, wherever it
+    sits; without it the first ``cu[-1]`` tokens are the valid ones.
 
     >>> seq_ids_from_cu(torch.tensor([0, 3, 7]), 8).tolist()
     [0, 0, 0, 1, 1, 1, 1, -1]
+    >>> seq_ids_from_cu(torch.tensor([0, 2, 5]), 6, valid=torch.tensor([1, 1, 0, 1, 1, 1]).bool()).tolist()
+    [0, 0, -1, 1, 1, 1]
     """
     cu = cu_seqlens.reshape(-1).to(torch.long)
-    positions = torch.arange(length, device=cu.device)
-    # searchsorted over the right edges: token p belongs to the first sample whose end is > p.
-    ids = torch.searchsorted(cu[1:].contiguous(), positions, right=True)
-    return torch.where(positions < cu[-1], ids, torch.full_like(ids, -1))
+    if valid is None:
+        rank = torch.arange(length, device=cu.device)
+        keep = rank < cu[-1]
+    else:
+        keep = valid.reshape(-1).to(device=cu.device, dtype=torch.bool)
+        rank = keep.long().cumsum(0) - 1  # index of each valid token among the valid ones
+    # searchsorted over the right edges: valid token k belongs to the first sample whose end is > k.
+    ids = torch.searchsorted(cu[1:].contiguous(), rank, right=True)
+    return torch.where(keep & (rank < cu[-1]), ids, torch.full_like(ids, -1))
 
 
 def row_document_lengths(seq_ids: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -119,7 +119,8 @@ def batch_cp_indices(
     seq = batch.sequence
     ids = seq.seq_ids
     if ids is None and seq.global_cu_seqlens is not None and batch.batch_size == 1:
-        ids = _segments.seq_ids_from_cu(seq.global_cu_seqlens, T).reshape(1, -1)
+        valid = batch.hidden_mask[0].bool() if batch.hidden_mask is not None else None
+        ids = _segments.seq_ids_from_cu(seq.global_cu_seqlens, T, valid=valid).reshape(1, -1)
     if batch.layout is not DataLayout.PACKED_VARLEN or batch.batch_size != 1 or ids is None:
         return load_balanced_cp_indices(
             None, cp_rank=cp_rank, cp_size=cp_size, sequence_length=T, require_divisible=require_divisible
