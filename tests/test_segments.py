@@ -16,8 +16,6 @@ from puzzletron.dataset._segments import (
     canonical_packed_ids,
     counts_per_sample,
     cu_from_counts,
-    cu_from_seq_ids,
-    first_token_positions,
     max_segment_length,
     media_offsets_from_counts,
     patch_offsets_from_grid,
@@ -101,15 +99,9 @@ def test_counts_ignore_padding_and_out_of_range_ids() -> None:
 
 def test_cu_helpers() -> None:
     assert cu_from_counts(torch.tensor([3, 1, 4])).tolist() == [0, 3, 4, 8]
-    assert cu_from_seq_ids(torch.tensor([[0, 0, 1, -1], [2, 2, 2, 2]])).tolist() == [0, 2, 3, 7]
     assert max_segment_length(torch.tensor([0, 3, 4, 8])) == 4
     assert max_segment_length(torch.tensor([0])) == 0
     assert sample_offsets_from_cu(torch.tensor([0, 3, 4])) == ((0, 3), (3, 4))
-
-
-def test_first_token_positions_are_row_major_flat_positions() -> None:
-    ids = torch.tensor([[-1, 0, 0, 1], [2, 2, -1, -1]])
-    assert first_token_positions(ids, 4).tolist() == [1, 3, 4, 8]  # sample 3 is absent -> numel
 
 
 def test_media_and_patch_offsets() -> None:

@@ -31,8 +31,6 @@ __all__ = [
     "canonical_packed_ids",
     "counts_per_sample",
     "cu_from_counts",
-    "cu_from_seq_ids",
-    "first_token_positions",
     "max_segment_length",
     "media_offsets_from_counts",
     "patch_offsets_from_grid",
@@ -121,14 +119,6 @@ def cu_from_counts(counts: torch.Tensor) -> torch.Tensor:
     return cu
 
 
-def cu_from_seq_ids(seq_ids: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
-    """cu ``[n + 1]`` int32 of canonical ids ``[B, T]`` (``n`` = ``max id + 1`` unless given; syncs then)."""
-    if num_samples is None:
-        num_samples = int(seq_ids.max()) + 1 if seq_ids.numel() else 0
-        num_samples = max(num_samples, 0)
-    return cu_from_counts(counts_per_sample(seq_ids, num_samples))
-
-
 def seq_ids_from_cu(
     cu_seqlens: torch.Tensor, length: int, *, valid: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -199,19 +189,6 @@ def row_cu_from_seq_ids(seq_ids: torch.Tensor, width: int) -> torch.Tensor:
     cu[:, 1:] = lengths.clamp(min=0).cumsum(dim=1)
     cu[:, 1:] = torch.where(lengths >= 0, cu[:, 1:], torch.full_like(lengths, -1))
     return cu
-
-
-def first_token_positions(seq_ids: torch.Tensor, num_samples: int) -> torch.Tensor:
-    """Flat (row-major) position of the first token of each sample ``[num_samples]`` int64.
-
-    A sample with no token gets ``seq_ids.numel()``.
-    """
-    flat = seq_ids.reshape(-1).long()
-    positions = torch.arange(flat.numel(), device=flat.device)
-    bucket = torch.where((flat >= 0) & (flat < num_samples), flat, torch.full_like(flat, num_samples))
-    first = torch.full((num_samples + 1,), flat.numel(), dtype=torch.long, device=flat.device)
-    first.scatter_reduce_(0, bucket, positions, reduce="amin")
-    return first[:num_samples]
 
 
 def max_segment_length(cu_seqlens: torch.Tensor) -> int:
