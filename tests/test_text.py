@@ -93,6 +93,22 @@ def test_rows_without_a_supervised_token_are_skipped_and_counted(tokenizer_dir: 
     assert result.samples.input_ids[: result.samples.offsets[1]].tolist() == first.tolist()
 
 
+def test_an_empty_conversation_is_skipped_and_counted_like_any_row_without_supervision(tokenizer_dir: Path):
+    rows = [{"uuid": "empty", "messages": []}, {"uuid": "keep", "messages": CONVERSATION[1:3]}]
+    result = tokenize_conversations(rows, tokenizer=tokenizer_dir)
+    assert result.samples.sample_ids == ("keep",)
+    assert result.skipped == 1 and result.skipped_ids == ("empty",)
+    ids, labels = tokenize_conversation([], tokenizer_dir)
+    assert ids.tolist() == [] and labels.tolist() == []
+
+
+def test_no_rows_give_no_samples(tokenizer_dir: Path):
+    for rows in ([], datasets.Dataset.from_list(ROWS).select([])):
+        result = tokenize_conversations(rows, tokenizer=tokenizer_dir)
+        assert len(result.samples) == 0 and result.skipped == 0 and result.samples.offsets.tolist() == [0]
+        assert result.pad_token_id == 0  # <|endoftext|>
+
+
 def test_malformed_message_is_an_error_naming_the_row(tokenizer_dir: Path):
     rows = [{"messages": CONVERSATION}, {"messages": [{"role": "user"}]}]
     with pytest.raises(ValueError, match=r"row 1: messages\[0\] must be a mapping with 'role' and 'content'"):

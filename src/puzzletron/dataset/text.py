@@ -14,8 +14,9 @@ prefix by prefix: the text an assistant message adds after the generation prompt
 (``apply_chat_template(messages[:i], add_generation_prompt=True)`` vs ``messages[:i + 1]``), with trailing
 whitespace trimmed, is that message's span, mapped onto tokens by their character offsets (fast tokenizers).
 
-Samples without a supervised token are skipped and counted. ``num_proc > 1`` tokenises in parallel with
-`datasets.Dataset.map`; the result is identical to ``num_proc=1`` (same rows, same order, same ids).
+Samples without a supervised token (an empty ``messages`` list too) are skipped and counted.
+``num_proc > 1`` tokenises in parallel with `datasets.Dataset.map`; the result is identical to
+``num_proc=1`` (same rows, same order, same ids).
 
 `build_batches` is the one call from a snapshot to training batches: load the split, tokenise, plan the
 packing (``packed_varlen``), deal to this DP rank, and build each `PuzzletronBatch` in the layout of a
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,8 @@ def assistant_token_mask(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Tokenise one conversation with its chat template: ``(input_ids [T], assistant mask [T] bool)``."""
     messages = _normalise(messages, where)
+    if not messages:  # nothing to render, nothing supervised: the caller skips and counts it
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
     template = tokenizer.chat_template or ""
     if _GENERATION.search(template):
         out = tokenizer.apply_chat_template(
@@ -187,7 +190,9 @@ def tokenize_conversations(
     import datasets
 
     if not isinstance(rows, datasets.Dataset):
-        rows = datasets.Dataset.from_list(list(rows) if isinstance(rows, Iterable) else rows)
+        rows = list(rows)
+        # No rows at all still has the messages column (from_list([]) would have no columns).
+        rows = datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({messages_field: []})
     if messages_field not in rows.column_names:
         raise ValueError(f"rows have no {messages_field!r} column (columns: {rows.column_names})")
     tok = load_tokenizer(tokenizer)
@@ -198,6 +203,11 @@ def tokenize_conversations(
         if id_field and id_field in rows.column_names
         else [str(i) for i in range(len(rows))]
     )
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad = int(pad) if pad is not None else 0
+    if len(rows) == 0:  # map() of no rows adds no columns
+        empty = np.zeros(0, dtype=np.int64)
+        return TokenizedText(TokenizedSamples(empty, empty, np.zeros(1, dtype=np.int64), ()), 0, (), pad)
     mapped = rows.select_columns([messages_field]).map(
         _map_batch,
         batched=True,
@@ -220,12 +230,11 @@ def tokenize_conversations(
     if not np.array_equal(offsets, label_offsets):
         raise RuntimeError("labels and input_ids lost alignment during tokenisation")
     samples = TokenizedSamples(flat_ids, flat_labels, offsets, tuple(ids[i] for i in keep.tolist()))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     return TokenizedText(
         samples=samples,
         skipped=int(skipped.size),
         skipped_ids=tuple(ids[i] for i in skipped.tolist()),
-        pad_token_id=int(pad) if pad is not None else 0,
+        pad_token_id=pad,
     )
 
 
