@@ -426,6 +426,29 @@ def test_nemotron_max_shards_and_seed_choose_the_shards(fresh_hf_home: Path, tmp
     assert manifest["sample_count"] == 12
 
 
+def test_nemotron_rows_waiting_for_a_later_shard_are_not_parsed_again_per_shard(
+    hub_endpoint: str, tmp_path: Path, monkeypatch
+) -> None:
+    """Reading 3 shards, a row whose image is in the last one is parsed once to learn its reference and once
+    when it is yielded, not once per shard (a 100,000-row subset over many shards would parse millions)."""
+    parsed: dict[bytes, int] = {}
+    loads = json.loads
+
+    def counting(text: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(text, bytes) and b'"messages"' in text:
+            parsed[text] = parsed.get(text, 0) + 1
+        return loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counting)
+    manifest = materialize_nemotron_vlm_dataset(
+        VlmAcquisitionSpec(
+            output_dir=tmp_path / "s", subsets=("sparsetables",), num_samples=30, max_shards_per_subset=3
+        )
+    )
+    assert manifest["sample_count"] == 30
+    assert parsed and max(parsed.values()) <= 2, sorted(parsed.values())[-5:]
+
+
 def test_nemotron_honours_spec_source(fixture_hub: FixtureHub, hub_endpoint: str, tmp_path: Path) -> None:
     repo_id = "acme/vlm-copy"
     _copy_repo(fixture_hub, NEMOTRON_VLM, repo_id)

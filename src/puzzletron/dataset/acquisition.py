@@ -614,6 +614,9 @@ def hub_vlm_rows(
             final = phase == phases - 1 and len(shards) == all_shards
             waiting = []
             for offset, refs in pending:
+                if refs is not None and not final and not all(ref in members for ref in refs):
+                    waiting.append((offset, refs))  # still waiting: no need to parse the line again
+                    continue
                 row = parse(offset)
                 refs = _image_refs(row) if refs is None else refs
                 if refs and not all(ref in members for ref in refs):
