@@ -278,3 +278,9 @@ def test_plan_then_build_puts_every_token_of_every_sample_in_its_place_once(leng
     valid_labels = batch.labels[batch.hidden_mask]
     assert (valid_labels[cu[1:].long() - 1] == -100).all()  # no target crosses a document boundary
     assert torch.equal(batch.sequence.seq_ids >= 0, batch.hidden_mask)
+
+
+@pytest.mark.parametrize("seed", [-1, 2.0, False])
+def test_a_bad_seed_is_an_error_naming_it(seed):
+    with pytest.raises(PackingError, match=r"seed must be an int >= 0"):
+        plan_packing([3, 4], PackingSpec(pack_size=8), seed=seed)

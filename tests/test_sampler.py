@@ -259,3 +259,11 @@ def test_gloo_ranks_together_see_every_pack_once_and_resume_identically(world, t
     assert result["epoch0"][0]["packs"] != result["epoch1"][0]["packs"]
     for rank in range(world):
         assert result["resumed_epoch1"][rank] == result["epoch1"][rank]["fingerprints"]
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True])
+def test_a_bad_seed_is_an_error_naming_it_when_the_sampler_is_made(seed):
+    with pytest.raises(ValueError, match=r"seed must be an int >= 0"):
+        DistributedPackSampler(10, batch_size=2, dp_rank=0, dp_size=1, seed=seed)
+    with pytest.raises(ValueError, match=r"seed must be an int >= 0"):
+        deal_epoch(10, batch_size=2, dp_size=1, seed=seed, epoch=0)

@@ -260,6 +260,8 @@ def plan_packing(
         raise PackingError(f"data.packing.pack_size must be > 0, got {pack_size}")
     if not 0.0 < ratio <= 1.0:
         raise PackingError(f"data.packing.packing_ratio must be in (0, 1], got {ratio}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise PackingError(f"seed must be an int >= 0, got {seed!r}")  # numpy's own error names no field
     capacity = max(1, math.floor(pack_size * ratio)) if estimated else pack_size
     arr = _as_lengths(lengths)
     if sample_ids is not None and len(sample_ids) != arr.shape[0]:

@@ -52,6 +52,12 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
+def _check_seed(seed: int) -> None:
+    # numpy seeds must be >= 0; its own error ("expected non-negative integer") names no field.
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+
+
 def steps_per_epoch(num_items: int, *, batch_size: int, dp_size: int, drop_last: bool = False) -> int:
     """Steps of one epoch (the same on every rank)."""
     per_step = batch_size * dp_size
@@ -77,6 +83,7 @@ def deal_epoch(
     if isinstance(num_items, bool) or not isinstance(num_items, int | np.integer) or num_items < 0:
         raise ValueError(f"num_items must be an int >= 0, got {num_items!r}")
     _check_positive(batch_size=batch_size, dp_size=dp_size)
+    _check_seed(seed)
     if epoch < 0:
         raise ValueError(f"epoch must be >= 0, got {epoch}")
     order = (
@@ -139,6 +146,7 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
         drop_last: bool = False,
     ) -> None:
         _check_positive(batch_size=batch_size, dp_size=dp_size)
+        _check_seed(seed)
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank must be in 0..{dp_size - 1}, got {dp_rank}")
         self.num_items = int(num_items)
