@@ -164,6 +164,10 @@ def gather_cp_partitions(
     the original order. The result has ``cp_rank=0, cp_size=1``, no ``local_cu_seqlens``, ``max_seqlen`` =
     the largest global segment (``None`` without global cu), and a ``cu_seqlens`` / int ``max_seqlen`` kwarg
     rebuilt from the global cu. It is validated like a freshly constructed batch.
+
+    Tokens, labels, masks and kwargs come back exactly. Metadata the original left out comes back derived:
+    a packed row given by cu alone gets the ``seq_ids`` that ``cp_partition`` derived for every rank, and
+    ``max_seqlen`` is as above whatever the original held (the partitions cannot tell what it had).
     """
     if len(partitions) != len(token_indices) or not partitions:
         raise BatchValidationError(
