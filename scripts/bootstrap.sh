@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Creates .venv and installs the project with its test extras. Idempotent: a second run with nothing
-# changed only checks a stamp and returns. torch goes in first, pinned by PUZZLETRON_TORCH (default 2.13.0),
-# so that no dependency pulls an unpinned (multi-GB CUDA) build.
+# changed only checks a stamp and returns (changing PUZZLETRON_TORCH or pyproject.toml reinstalls). torch
+# goes in first, pinned by PUZZLETRON_TORCH (default 2.13.0), and stays pinned while the dependencies
+# install, so none of them swaps it for another version. The pin chooses the version, not the build: from
+# PyPI a plain version is the multi-GB CUDA build on Linux; ask for the CPU one with a local version
+# (PUZZLETRON_TORCH=2.13.0+cpu) and PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_PIN="${PUZZLETRON_TORCH:-2.13.0}"
