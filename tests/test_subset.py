@@ -365,6 +365,19 @@ def test_non_empty_directory_without_a_subset_is_an_error(tmp_path):
     assert _tree(dest) == {"notes.txt": b"mine"}
 
 
+def test_dot_as_output_dir_is_filled_from_its_parent(tmp_path, monkeypatch):
+    """`--output .` inside an empty directory: lock and transaction live in the parent, not in `.`."""
+    dest = tmp_path / "here"
+    dest.mkdir()
+    monkeypatch.chdir(dest)
+    manifest = materialize_normalized_conversation_samples(iter(single_samples(2)), ".")
+    assert manifest["sample_count"] == 2
+    names = sorted(p.name for p in dest.iterdir())
+    assert names == ["images", "manifest.json", "samples.idx", "samples.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]
+    assert verify_subset(dest).ok
+
+
 def test_empty_directory_is_filled(tmp_path):
     dest = tmp_path / "subset"
     dest.mkdir()

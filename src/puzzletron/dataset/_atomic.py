@@ -75,6 +75,12 @@ def _lock_path(destination: Path) -> Path:
     return destination.parent / f".{destination.name}.lock"
 
 
+def _normal(destination: Path) -> Path:
+    """`destination` made absolute and normalised: ``.`` or ``out/`` must lock and stage beside the
+    directory, in its real parent, never inside it."""
+    return Path(os.path.abspath(destination))
+
+
 def _key(destination: Path) -> str:
     return str(Path(os.path.abspath(destination)))
 
@@ -162,7 +168,7 @@ def locked(destination: Path) -> Iterator[None]:
     Re-entrant within a thread: a nested `locked` of a destination the thread already holds (e.g. a caller
     holding it around `materialize_...`) just yields.
     """
-    destination = Path(destination)
+    destination = _normal(destination)
     if _holds(destination):
         yield
         return
@@ -204,7 +210,7 @@ def staging_dir(destination: Path) -> Iterator[Path]:
     `destination` must be absent or an empty directory (which the rename replaces atomically). Takes
     `locked(destination)` itself when the calling thread does not already hold it.
     """
-    destination = Path(destination)
+    destination = _normal(destination)
     if not _holds(destination):
         with locked(destination), staging_dir(destination) as tmp:
             yield tmp

@@ -267,7 +267,7 @@ def materialize_normalized_conversation_samples(
         isinstance(expected_count, bool) or not isinstance(expected_count, int) or expected_count < 1
     ):
         raise SubsetError(f"expected_count must be a positive integer or None, got {expected_count!r}")
-    destination = Path(output_dir)
+    destination = Path(os.path.abspath(output_dir))  # "." is replaced by the rename: read it back by name
     wanted = _canonical(acquisition, "acquisition")
     with locked(destination):
         if destination.exists() and not (destination.is_dir() and not any(destination.iterdir())):
