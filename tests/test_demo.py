@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +149,47 @@ def test_pack_report_errors_are_one_line_with_the_documented_exit_codes(tmp_path
     err = capsys.readouterr().err
     assert err == "puzzletron-data pack-report: data.packing.pack_size must be > 0; got 0\n"
     assert not (tmp_path / "r.png").exists()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:  # fields: state, ppid, ...
+                found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_demo_stopped_with_sigterm_stops_its_hub_server(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    process = subprocess.Popen(
+        [*CLI, "demo", "--workdir", str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        for line in process.stdout:  # the stage prints flush, line by line
+            if "serving" in line:
+                break
+        servers = _children(process.pid)
+        assert servers, "the hub server should be a child of the demo while it serves"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 143
+    finally:
+        process.kill()
+        process.communicate()
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in servers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    leaked = [p for p in servers if _alive(p)]
+    for pid in leaked:  # do not leave them running when the test fails
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not leaked, "the hub server outlived the demo"

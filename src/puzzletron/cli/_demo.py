@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -366,6 +367,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     stages: list[_Stage] = []
     with contextlib.ExitStack() as stack:
+        # SIGTERM unwinds like Ctrl-C: the Hub server is stopped and the temporary workdir removed.
+        stack.enter_context(_exit_on_sigterm())
         if args.workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="puzzletron-demo-")))
         else:
@@ -379,6 +382,20 @@ def _run_demo(args: argparse.Namespace) -> int:
                 break  # later stages need the Hub, snapshot or batches of earlier ones
     _print_report(demo, stages, time.perf_counter() - started)
     return 1 if stages[-1].status == "FAIL" else 0
+
+
+@contextlib.contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+    """While open, SIGTERM raises `SystemExit` (143) so that every ``finally`` and context exit runs."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _hf_env(workdir: Path, endpoint: str) -> contextlib.AbstractContextManager[None]:
