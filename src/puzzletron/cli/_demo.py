@@ -7,7 +7,9 @@ turn the text split into packed batches with `build_batches`, deal them to two D
 DP x CP x PP and check that it reassembles, and print a report (rows, tokens, packing efficiency,
 fingerprints, time per stage). Stages run in order and the demo stops at the first that fails: it is
 reported as ``FAIL`` with its error, the stages after it do not run (most need an earlier stage's result:
-the Hub, the snapshot, the batches) and are counted in the report, and the exit code is 1.
+the Hub, the snapshot, the batches) and are counted in the report, and the exit code is 1. A ``--workdir``
+of an earlier run is reused (its Hub and snapshots) only when that run used the same ``--seed``; any other
+``hub/`` there fails stage 2. Ctrl-C or SIGTERM stops the Hub server on the way out.
 
 ``pack-report`` plans the packing of a tokenised snapshot split and draws it (rows as bars split by sample,
 and the length histogram) into a PNG; the numbers go to stdout.
