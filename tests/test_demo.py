@@ -106,10 +106,11 @@ def test_demo_is_deterministic_for_a_seed(demo, tmp_path):
     assert again.returncode == 0
 
     def prints(text: str) -> list[str]:
-        return re.findall(r"\b[0-9a-f]{12}\b", text.split("[2]")[0]) + re.findall(
-            r"first batch per DP rank: (.+)$", text, flags=re.M
-        )
+        return re.findall(r"\b[0-9a-f]{12}\b", text)
 
+    # Stage 1: the batch, 2 DP shards, 2 x 2 CP partitions, 2 one-row shards (9); stage 2: 4 repository
+    # shas; stage 7: each rank's first batch (2); stage 8: 2 DP shards, 2 x 2 CP partitions (6); report: 2.
+    assert len(prints(first.stdout)) == 23
     assert prints(first.stdout) == prints(again.stdout)
 
 
