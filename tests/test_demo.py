@@ -194,3 +194,16 @@ def test_demo_stopped_with_sigterm_stops_its_hub_server(tmp_path):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     assert not leaked, "the hub server outlived the demo"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["demo"], ["pack-report", "snap", "--tokenizer", "tok", "--pack-size", "8", "--out", "r.png"]],
+)
+def test_a_negative_seed_is_a_usage_error(command, capsys):
+    from puzzletron.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--seed", "-1"])
+    assert exit_info.value.code == 2
+    assert "--seed: must be an int >= 0, got '-1'" in capsys.readouterr().err

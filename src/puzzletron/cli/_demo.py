@@ -591,11 +591,22 @@ def _pack_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seed(text: str) -> int:
+    """An argparse type: an int >= 0 (numpy seeds cannot be negative)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``demo`` and ``pack-report`` to the `puzzletron-data` parser."""
     demo = sub.add_parser("demo", help="run the data stage end to end on the built-in fixture Hub, offline")
     demo.add_argument("--workdir", type=Path, default=None, help="keep everything here (default: a temp dir)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the fixtures, plans and samplers")
+    demo.add_argument("--seed", type=_seed, default=0, help="seed of the fixtures, plans and samplers")
     demo.set_defaults(handler=_run_demo)
 
     report = sub.add_parser("pack-report", help="plan the packing of a text snapshot and draw it to a PNG")
@@ -606,6 +617,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--pack-size", type=int, required=True, help="row length in tokens")
     report.add_argument("--out", required=True, help="where to write the PNG")
     report.add_argument("--split", default="train", help="split of the snapshot (default: train)")
-    report.add_argument("--seed", type=int, default=0)
+    report.add_argument("--seed", type=_seed, default=0, help="seed of the row order")
     report.add_argument("--num-proc", type=int, default=1, help="tokenisation processes")
     report.set_defaults(handler=_run_pack_report)
