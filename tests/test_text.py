@@ -79,6 +79,30 @@ def test_fallback_without_generation_markers_gives_the_same_mask(
     assert np.array_equal(marked[1], fallback[1])
 
 
+def test_fallback_handles_a_conversation_that_opens_with_the_assistant(
+    tokenizer_dir: Path, plain_template_dir: Path
+):
+    greeting = [
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Yes"},
+    ]
+    tok = load_tokenizer(tokenizer_dir)
+    marked = assistant_token_mask(greeting, tok)
+    fallback = assistant_token_mask(greeting, load_tokenizer(plain_template_dir))
+    assert np.array_equal(marked[0], fallback[0]) and np.array_equal(marked[1], fallback[1])
+    assert tok.decode(fallback[0][fallback[1]].tolist()) == "Hello<|im_end|>Yes<|im_end|>"
+
+
+def test_fallback_names_the_row_when_the_template_cannot_render_an_empty_prefix(tokenizer_dir: Path):
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    plain = tok.chat_template.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    tok.chat_template = "{%- if not messages -%}{{ raise_exception('no messages') }}{%- endif -%}" + plain
+    greeting = [{"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Hi"}]
+    with pytest.raises(ValueError, match=r"row 7: the chat template cannot render the generation prompt"):
+        assistant_token_mask(greeting, tok, where="row 7")
+
+
 def test_rows_without_a_supervised_token_are_skipped_and_counted(tokenizer_dir: Path):
     rows = [
         {"uuid": "keep-1", "messages": CONVERSATION},

@@ -135,7 +135,7 @@ def _prefix_diff_mask(
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        before = _generation_prompt_render(tokenizer, messages[:i], where=where)
         through = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
         if not (full.startswith(through) and through.startswith(before)):
             raise ValueError(
@@ -150,6 +150,31 @@ def _prefix_diff_mask(
     for a, b in spans:
         mask |= (starts >= a) & (starts < b)
     return ids, mask
+
+
+def _generation_prompt_render(tokenizer: Any, prefix: list[dict[str, Any]], *, where: str) -> str:
+    """The text ``prefix`` renders to with the generation prompt.
+
+    An empty prefix (before a leading assistant turn), which `apply_chat_template` refuses, goes through the
+    same Jinja renderer with the same template variables.
+    """
+    if prefix:
+        return tokenizer.apply_chat_template(prefix, tokenize=False, add_generation_prompt=True)
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    try:
+        rendered, _ = render_jinja_template(
+            conversations=[[]],
+            chat_template=tokenizer.get_chat_template(),
+            add_generation_prompt=True,
+            **tokenizer.special_tokens_map,
+        )
+    except Exception as exc:  # the template itself may reject an empty conversation
+        raise ValueError(
+            f"{where}: the chat template cannot render the generation prompt before the leading assistant "
+            f"message ({exc}); add {{% generation %}} blocks to the template to mark assistant tokens"
+        ) from exc
+    return rendered[0]
 
 
 def tokenize_conversation(
