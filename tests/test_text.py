@@ -103,6 +103,20 @@ def test_fallback_names_the_row_when_the_template_cannot_render_an_empty_prefix(
         assistant_token_mask(greeting, tok, where="row 7")
 
 
+@pytest.mark.parametrize("markers", [True, False])
+def test_a_conversation_the_template_rejects_is_an_error_naming_the_row(tokenizer_dir: Path, markers: bool):
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if not markers:
+        for marker in ("{% generation %}", "{% endgeneration %}"):
+            tok.chat_template = tok.chat_template.replace(marker, "")
+    strict = "{%- if messages[0]['role'] == 'system' -%}{{ raise_exception('no system turns') }}{%- endif -%}"
+    tok.chat_template = strict + tok.chat_template
+    rows = [{"messages": CONVERSATION[1:3]}, {"messages": CONVERSATION}]
+    expected = r"^row 1: the chat template rejected the conversation: no system turns$"
+    with pytest.raises(ValueError, match=expected):
+        tokenize_conversations(rows, tokenizer=tok)
+
+
 def test_rows_without_a_supervised_token_are_skipped_and_counted(tokenizer_dir: Path):
     rows = [
         {"uuid": "keep-1", "messages": CONVERSATION},

@@ -115,15 +115,20 @@ def assistant_token_mask(
     messages = _normalise(messages, where)
     if not messages:  # nothing to render, nothing supervised: the caller skips and counts it
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    from jinja2 import TemplateError
+
     template = tokenizer.chat_template or ""
-    if _GENERATION.search(template):
+    try:
+        if not _GENERATION.search(template):
+            return _prefix_diff_mask(messages, tokenizer, where=where)
         out = tokenizer.apply_chat_template(
             messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
         )
-        ids = np.asarray(out["input_ids"], dtype=np.int64)
-        mask = np.asarray(out["assistant_masks"], dtype=bool)
-        return ids, mask
-    return _prefix_diff_mask(messages, tokenizer, where=where)
+    except TemplateError as exc:  # e.g. raise_exception("Conversation roles must alternate ...")
+        raise ValueError(f"{where}: the chat template rejected the conversation: {exc}") from exc
+    ids = np.asarray(out["input_ids"], dtype=np.int64)
+    mask = np.asarray(out["assistant_masks"], dtype=bool)
+    return ids, mask
 
 
 def _prefix_diff_mask(
