@@ -207,3 +207,12 @@ def test_a_negative_seed_is_a_usage_error(command, capsys):
         main([*command, "--seed", "-1"])
     assert exit_info.value.code == 2
     assert "--seed: must be an int >= 0, got '-1'" in capsys.readouterr().err
+
+
+def test_a_workdir_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    from puzzletron.cli import main
+
+    path = tmp_path / "file"
+    path.write_text("not a folder")
+    assert main(["demo", "--workdir", str(path)]) == 2
+    assert capsys.readouterr().err == f"puzzletron-data demo: --workdir {path}: File exists\n"

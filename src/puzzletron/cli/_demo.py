@@ -365,6 +365,12 @@ def _print_report(demo: _Demo, stages: list[_Stage], total: float) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     import datasets
 
+    if args.workdir is not None:
+        try:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"puzzletron-data demo: --workdir {args.workdir}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     datasets.disable_progress_bars()
     started = time.perf_counter()
     stages: list[_Stage] = []
@@ -375,7 +381,6 @@ def _run_demo(args: argparse.Namespace) -> int:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="puzzletron-demo-")))
         else:
             workdir = Path(args.workdir)
-            workdir.mkdir(parents=True, exist_ok=True)
         print(f"puzzletron-data demo in {workdir}", flush=True)
         demo = _Demo(workdir=workdir, seed=args.seed, stack=stack)
         for number, (name, body) in enumerate(STAGES, 1):
