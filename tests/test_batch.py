@@ -434,6 +434,17 @@ def test_to_accepts_device_and_keyword_forms() -> None:
     assert b.to(torch.zeros(1, dtype=torch.float16)).model_kwargs["pixel_values"].dtype == torch.float16
 
 
+def test_to_copy_gives_fresh_storage_and_without_copy_shares_it() -> None:
+    b = media_batch()
+    copied = b.to("cpu", copy=True)
+    same = b.to("cpu")
+    assert copied.input_ids.data_ptr() != b.input_ids.data_ptr()
+    assert copied.model_kwargs["pixel_values"].data_ptr() != b.model_kwargs["pixel_values"].data_ptr()
+    assert torch.equal(copied.input_ids, b.input_ids)
+    assert same.input_ids.data_ptr() == b.input_ids.data_ptr()
+    assert copied.fingerprint == b.fingerprint
+
+
 # -- cp_partition --------------------------------------------------------------------------------
 
 

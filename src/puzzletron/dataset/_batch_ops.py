@@ -58,14 +58,20 @@ __all__ = [
 
 
 def moved(
-    b: PuzzletronBatch, device: torch.device | None, dtype: torch.dtype | None, non_blocking: bool
+    b: PuzzletronBatch,
+    device: torch.device | None,
+    dtype: torch.dtype | None,
+    non_blocking: bool,
+    *,
+    copy: bool = False,
 ) -> PuzzletronBatch:
-    """``b`` with every tensor moved to ``device``; ``dtype`` converts floating and complex tensors only."""
+    """``b`` with every tensor moved to ``device``; ``dtype`` converts floating and complex tensors only;
+    ``copy`` gives every tensor fresh storage even where nothing had to move (as ``Tensor.to(copy=True)``)."""
 
     def move(t: torch.Tensor) -> torch.Tensor:
         if t.is_floating_point() or t.is_complex():
-            return t.to(device=device, dtype=dtype, non_blocking=non_blocking)
-        return t.to(device=device, non_blocking=non_blocking)
+            return t.to(device=device, dtype=dtype, non_blocking=non_blocking, copy=copy)
+        return t.to(device=device, non_blocking=non_blocking, copy=copy)
 
     seq = b.sequence
     seq_tensors = ("global_cu_seqlens", "local_cu_seqlens", "seq_ids", "media_counts", "media_offsets")

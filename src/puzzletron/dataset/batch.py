@@ -304,10 +304,12 @@ class PuzzletronBatch:
         """Move every tensor (kwargs, nested containers, labels, masks, metadata) like ``Tensor.to``.
 
         A dtype (given directly or through another tensor) converts floating and complex tensors only: token
-        ids, masks, cu and counts keep their dtype. The moved batch is not validated again.
+        ids, masks, cu and counts keep their dtype. ``copy=True`` copies tensors that need not move. The moved
+        batch is not validated again.
         """
+        copy = bool(kwargs.pop("copy", False))
         device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
-        return _batch_ops.moved(self, device, dtype, non_blocking)
+        return _batch_ops.moved(self, device, dtype, non_blocking, copy=copy)
 
     def cp_partition(self, token_indices: torch.Tensor, *, cp_rank: int, cp_size: int) -> PuzzletronBatch:
         """The tokens ``token_indices`` ``[L]`` of every row, for context-parallel rank ``cp_rank``.
