@@ -284,3 +284,10 @@ def test_plan_then_build_puts_every_token_of_every_sample_in_its_place_once(leng
 def test_a_bad_seed_is_an_error_naming_it(seed):
     with pytest.raises(PackingError, match=r"seed must be an int >= 0"):
         plan_packing([3, 4], PackingSpec(pack_size=8), seed=seed)
+
+
+def test_packing_errors_belong_to_the_library_error_hierarchy() -> None:
+    from puzzletron.dataset.errors import PuzzletronDataError
+
+    with pytest.raises(PuzzletronDataError, match="sample 1 has 20 tokens > pack_size 10"):
+        plan_packing([5, 20], PackingSpec(pack_size=10, drop_long_samples=False))

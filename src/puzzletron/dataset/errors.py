@@ -1,5 +1,7 @@
 """One small error hierarchy: every library error is a `PuzzletronDataError`, and the subclasses also
-inherit the builtin a caller would naturally catch (`ValueError`, `TypeError`, `OSError`)."""
+inherit the builtin a caller would naturally catch: `ValueError` for bad input (batches, configs, rows,
+subsets), `RuntimeError` for a Hub or mirror that fails to serve. `packing.PackingError` (a `ValueError`)
+joins the hierarchy from its own module."""
 
 from __future__ import annotations
 

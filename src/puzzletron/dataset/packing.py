@@ -43,6 +43,7 @@ import torch
 
 from puzzletron.dataset.batch import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
+from puzzletron.dataset.errors import PuzzletronDataError
 
 __all__ = [
     "PackingError",
@@ -55,7 +56,7 @@ __all__ = [
 IGNORE_INDEX = -100
 
 
-class PackingError(ValueError):
+class PackingError(PuzzletronDataError, ValueError):
     """A sample cannot be packed as asked (too long, empty, or a malformed length)."""
 
 
