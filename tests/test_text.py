@@ -293,3 +293,21 @@ def test_build_batches_rejects_a_multimodal_spec(tokenizer_dir: Path):
     spec = PuzzletronDataSpec("multimodal", "fixed", 16)
     with pytest.raises(ValueError, match=r"data\.modality is multimodal"):
         build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1)
+
+
+def test_ragged_columns_are_flattened_chunk_by_chunk_and_rows_selected_exactly() -> None:
+    import pyarrow as pa
+
+    from puzzletron.dataset.text import _flatten, _select_rows
+
+    # two chunks, the second starting at a non-zero offset (a slice), one empty row
+    first = pa.array([[1, 2], [3]], type=pa.list_(pa.int64()))
+    second = pa.array([[9], [4, 5, 6], [], [7]], type=pa.list_(pa.int64())).slice(1)
+    values, offsets = _flatten(pa.chunked_array([first, second]))
+    assert values.tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert offsets.tolist() == [0, 2, 3, 6, 6, 7]
+    assert offsets.dtype == np.int64
+
+    (kept,), new_offsets = _select_rows((values,), offsets, np.array([0, 2, 4]))
+    assert kept.tolist() == [1, 2, 4, 5, 6, 7]
+    assert new_offsets.tolist() == [0, 2, 5, 6]

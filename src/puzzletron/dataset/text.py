@@ -254,11 +254,11 @@ def tokenize_conversations(
     supervised = table.column("supervised").to_numpy()
     keep = np.flatnonzero(supervised > 0)
     skipped = np.flatnonzero(supervised == 0)
-    table = table.take(keep)
-    flat_ids, offsets = _flatten(table.column("input_ids"))
-    flat_labels, label_offsets = _flatten(table.column("labels"))
-    if not np.array_equal(offsets, label_offsets):
+    all_ids, all_offsets = _flatten(table.column("input_ids"))
+    all_labels, label_offsets = _flatten(table.column("labels"))
+    if not np.array_equal(all_offsets, label_offsets):
         raise RuntimeError("labels and input_ids lost alignment during tokenisation")
+    (flat_ids, flat_labels), offsets = _select_rows((all_ids, all_labels), all_offsets, keep)
     samples = TokenizedSamples(flat_ids, flat_labels, offsets, tuple(ids[i] for i in keep.tolist()))
     return TokenizedText(
         samples=samples,
@@ -269,15 +269,34 @@ def tokenize_conversations(
 
 
 def _flatten(column: Any) -> tuple[np.ndarray, np.ndarray]:
-    """A pyarrow list column -> (flat int64 values, ``[n + 1]`` offsets from 0), without a Python loop."""
+    """A pyarrow list column -> (flat int64 values, ``[n + 1]`` int64 offsets from 0).
+
+    Chunk by chunk, never `combine_chunks`: Arrow ``list`` offsets are int32, so one combined array of a
+    large split (over 2**31 tokens) would overflow; numpy offsets here are int64.
+    """
     import pyarrow as pa
 
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if len(array) == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    offsets = array.offsets.to_numpy().astype(np.int64)
-    values = array.values.to_numpy(zero_copy_only=False).astype(np.int64)
-    return values[offsets[0] : offsets[-1]], offsets - offsets[0]
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    values, lengths = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+    for chunk in chunks:
+        if len(chunk) == 0:
+            continue
+        off = chunk.offsets.to_numpy().astype(np.int64)
+        values.append(chunk.values.to_numpy(zero_copy_only=False)[off[0] : off[-1]].astype(np.int64))
+        lengths.append(np.diff(off))
+    length = np.concatenate(lengths)
+    return np.concatenate(values), np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(length)])
+
+
+def _select_rows(
+    columns: tuple[np.ndarray, ...], offsets: np.ndarray, keep: np.ndarray
+) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """Rows ``keep`` of ragged columns sharing ``offsets`` ``[n + 1]``: (the columns' rows, new offsets)."""
+    lengths = np.diff(offsets)[keep]
+    new_offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
+    # source index of every kept token: its row's old start plus its position inside the row
+    source = np.repeat(offsets[keep] - new_offsets[:-1], lengths) + np.arange(new_offsets[-1], dtype=np.int64)
+    return tuple(column[source] for column in columns), new_offsets
 
 
 # ---------------------------------------------------------------------------------------------------------
