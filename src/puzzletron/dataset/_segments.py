@@ -76,8 +76,8 @@ def canonical_packed_ids(ids: torch.Tensor) -> CanonicalIds:
     """Renumber per-row sample ids ``[B, T]`` into global canonical ids, cu over valid tokens and max length.
 
     Every maximal run of equal non-negative values in a row is one sample; negative values are padding (a
-    padding token also ends a run, so ``[1, 1, -1, 1]`` holds two samples). Cost: O(B*T) tensor ops and one
-    host sync (for ``max_seqlen``), whatever the number of samples.
+    padding token also ends a run, so ``[1, 1, -1, 1]`` holds two samples). Cost: O(B*T) tensor ops and two
+    host syncs (the number of samples, ``max_seqlen``), whatever the number of samples.
 
     >>> r = canonical_packed_ids(torch.tensor([[1, 1, 1, 2, 2, 2, 0, 0]]) - 1)
     >>> r.seq_ids.tolist(), r.cu_seqlens.tolist(), r.max_seqlen
@@ -91,12 +91,18 @@ def canonical_packed_ids(ids: torch.Tensor) -> CanonicalIds:
     starts = valid.clone()
     starts[:, 1:] &= (ids[:, 1:] != ids[:, :-1]) | ~valid[:, :-1]
     # starts: [B, T] -> row-major running count of runs seen so far.
-    run_index = starts.reshape(-1).cumsum(0).reshape(ids.shape) - 1
+    flat_starts = starts.reshape(-1)
+    run_index = flat_starts.cumsum(0).reshape(ids.shape) - 1
     seq_ids = torch.where(valid, run_index, torch.full_like(run_index, -1))
-    n = int(starts.sum())  # host sync: the size of cu is data dependent
-    counts = counts_per_sample(seq_ids, n)
-    cu = cu_from_counts(counts)
-    return CanonicalIds(seq_ids, cu, int(counts.max()) if n else 0)
+    # Samples are contiguous in valid-token order, so cu[k] is the valid-token rank of run k's first token:
+    # no per-sample counting pass. rank[t] = valid tokens up to and including t.
+    rank = valid.reshape(-1).cumsum(0)
+    start_positions = flat_starts.nonzero().squeeze(1)  # host sync: the size of cu is data dependent
+    cu = torch.empty(start_positions.numel() + 1, dtype=torch.int32, device=ids.device)
+    cu[:-1] = rank[start_positions] - 1
+    cu[-1:] = rank[-1:] if rank.numel() else 0
+    max_seqlen = int((cu[1:] - cu[:-1]).max()) if start_positions.numel() else 0  # host sync
+    return CanonicalIds(seq_ids, cu, max_seqlen)
 
 
 def counts_per_sample(seq_ids: torch.Tensor, num_samples: int) -> torch.Tensor:
