@@ -1,7 +1,9 @@
-"""One small error hierarchy: every library error is a `PuzzletronDataError`, and the subclasses also
-inherit the builtin a caller would naturally catch: `ValueError` for bad input (batches, configs, rows,
-subsets), `RuntimeError` for a Hub or mirror that fails to serve. `packing.PackingError` (a `ValueError`)
-joins the hierarchy from its own module."""
+"""Every error `puzzletron.dataset` raises, in one small hierarchy.
+
+Each is a `PuzzletronDataError` and also the builtin a caller would naturally catch: `ValueError` for bad
+input (batches, configs, rows, subsets, packing), `RuntimeError` for a Hub or mirror that fails to serve.
+A command line catches `PuzzletronDataError` (plus `OSError`) and nothing broader.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ __all__ = [
     "ConfigError",
     "ConversationError",
     "ImageError",
+    "PackingError",
     "PuzzletronDataError",
     "SubsetError",
 ]
@@ -25,7 +28,7 @@ class BatchValidationError(PuzzletronDataError, ValueError):
 
 
 class ConfigError(PuzzletronDataError, ValueError):
-    """A `data:` config block or a spec has a missing, unknown or out-of-range field."""
+    """A `data:` config block, a spec or an option has a missing, unknown or out-of-range field."""
 
 
 class ConversationError(PuzzletronDataError, ValueError):
@@ -37,7 +40,12 @@ class ImageError(ConversationError):
 
 
 class SubsetError(PuzzletronDataError, ValueError):
-    """An on-disk subset is missing, incomplete, tampered with or does not match the request."""
+    """An on-disk snapshot (subset, text snapshot, token store) is missing, incomplete, tampered with, of
+    an unknown format or version, or does not match the request."""
+
+
+class PackingError(PuzzletronDataError, ValueError):
+    """A sample cannot be packed or batched as asked (too long, empty, or a malformed length or row)."""
 
 
 class AcquisitionError(PuzzletronDataError, RuntimeError):
