@@ -16,9 +16,10 @@ from collections.abc import Callable
 
 import torch
 
-from puzzletron.dataset import DataLayout, PackedSequenceMetadata, PuzzletronBatch, _segments
-from puzzletron.dataset._fingerprint import fingerprint_of
-from puzzletron.dataset._segments import canonical_packed_ids
+from puzzletron.dataset import DataLayout, PackedSequenceMetadata, PuzzletronBatch
+from puzzletron.dataset.batch import _segments
+from puzzletron.dataset.batch._fingerprint import fingerprint_of
+from puzzletron.dataset.batch._segments import canonical_packed_ids
 from puzzletron.dataset.parallel import load_balanced_cp_indices
 
 __all__ = ["main"]

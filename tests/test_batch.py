@@ -13,17 +13,15 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-import puzzletron.dataset.batch as batch_module
 from puzzletron.dataset import (
     DataLayout,
     Modality,
     PackedSequenceMetadata,
     PuzzletronBatch,
-    _fingerprint,
-    _segments,
-    _validation,
     parallel,
 )
+from puzzletron.dataset.batch import _core as batch_module
+from puzzletron.dataset.batch import _fingerprint, _segments, _validation
 from puzzletron.dataset.errors import BatchValidationError
 
 

@@ -19,8 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _batch_strategies import batches, revalidated
-from puzzletron.dataset import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch, _batch_ops
-from puzzletron.dataset._fingerprint import fingerprint_of
+from puzzletron.dataset import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch
+from puzzletron.dataset.batch import _tables
+from puzzletron.dataset.batch._fingerprint import fingerprint_of
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -277,10 +278,10 @@ def _tensor_fields(b: PuzzletronBatch) -> list[tuple[str, str]]:
 def _with_tensor(b: PuzzletronBatch, kind: str, name: str, value: torch.Tensor) -> PuzzletronBatch:
     # Built without validation on purpose: the fingerprint is a function of content, valid or not.
     if kind == "kw":
-        return _batch_ops.derive(b, model_kwargs={**b.model_kwargs, name: value})
+        return _tables.derive(b, model_kwargs={**b.model_kwargs, name: value})
     if kind == "field":
-        return _batch_ops.derive(b, **{name: value})
-    return _batch_ops.derive(b, sequence=dataclasses.replace(b.sequence, **{name: value}))
+        return _tables.derive(b, **{name: value})
+    return _tables.derive(b, sequence=dataclasses.replace(b.sequence, **{name: value}))
 
 
 def _one_element_changed(t: torch.Tensor, flat_index: int) -> torch.Tensor:
@@ -325,7 +326,7 @@ def test_any_metadata_or_source_value_changes_the_fingerprint(
     if seq.global_cu_seqlens is not None:
         variants["no cu"] = dataclasses.replace(seq, global_cu_seqlens=None)
     for what, new_seq in variants.items():
-        assert _batch_ops.derive(b, sequence=new_seq).fingerprint != b.fingerprint, what
+        assert _tables.derive(b, sequence=new_seq).fingerprint != b.fingerprint, what
     key = data.draw(st.sampled_from(sorted(b.source_metadata)))
     value = b.source_metadata[key]
     for source in (
@@ -338,10 +339,10 @@ def test_any_metadata_or_source_value_changes_the_fingerprint(
     sample_ids = tuple(f"{s}'" for s in b.sample_ids) or tuple(map(str, range(b.batch_size)))
     assert dataclasses.replace(b, sample_ids=sample_ids).fingerprint != b.fingerprint
     other_modality = "text" if b.modality.value == "multimodal" else "multimodal"
-    assert _batch_ops.derive(b, modality=Modality(other_modality)).fingerprint != b.fingerprint
+    assert _tables.derive(b, modality=Modality(other_modality)).fingerprint != b.fingerprint
     for key, value in b.model_kwargs.items():
         if isinstance(value, list) and value:  # e.g. second_per_grid_ts, n_videos_per_sample
-            changed = _batch_ops.derive(b, model_kwargs={**b.model_kwargs, key: [*value[:-1], value[-1] + 1]})
+            changed = _tables.derive(b, model_kwargs={**b.model_kwargs, key: [*value[:-1], value[-1] + 1]})
             assert changed.fingerprint != b.fingerprint, key
 
 

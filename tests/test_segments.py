@@ -11,8 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from puzzletron.dataset import _segments, parallel
-from puzzletron.dataset._segments import (
+from puzzletron.dataset import parallel
+from puzzletron.dataset.batch import _segments
+from puzzletron.dataset.batch._segments import (
     canonical_packed_ids,
     counts_per_sample,
     cu_from_counts,
@@ -22,6 +23,7 @@ from puzzletron.dataset._segments import (
     sample_offsets_from_cu,
     seq_ids_from_cu,
 )
+from puzzletron.dataset.errors import BatchValidationError
 
 
 def test_one_row_of_two_samples_and_padding_golden() -> None:
@@ -70,15 +72,15 @@ def test_result_unpacks_as_three_values() -> None:
 
 
 @pytest.mark.parametrize(
-    ("ids", "error"),
+    ("ids", "problem"),
     [
-        (torch.tensor([0, 0, 1]), ValueError),
-        (torch.tensor([[0.0, 1.0]]), TypeError),
-        ([[0, 1]], TypeError),
+        (torch.tensor([0, 0, 1]), "must be 2-D"),
+        (torch.tensor([[0.0, 1.0]]), "must be an integer tensor"),
+        ([[0, 1]], "must be a torch.Tensor"),
     ],
 )
-def test_canonical_ids_reject_non_2d_integer_tensors(ids: object, error: type[Exception]) -> None:
-    with pytest.raises(error, match="ids"):
+def test_canonical_ids_reject_non_2d_integer_tensors(ids: object, problem: str) -> None:
+    with pytest.raises(BatchValidationError, match=f"ids {problem}"):
         canonical_packed_ids(ids)  # type: ignore[arg-type]
 
 
@@ -159,7 +161,7 @@ def test_docstring_examples_run(module: object) -> None:
 
 
 def test_row_document_lengths_count_following_padding_in_spans_and_skip_leading_padding() -> None:
-    from puzzletron.dataset._segments import row_cu_from_seq_ids, row_document_lengths
+    from puzzletron.dataset.batch._segments import row_cu_from_seq_ids, row_document_lengths
 
     ids = torch.tensor([[-1, 4, 4, -1, 5, -1], [-1] * 6, [7, 7, 7, 7, 7, 7]])
     lengths, spans = row_document_lengths(ids, 2)

@@ -12,12 +12,10 @@
                    left neighbour; the diagonal is False on padding)
     plain          attention_mask [B, T] (0/1 or document ids), padding_mask [B, T] (True = padding)
 
-`forward_kwargs(batch, backend=...)` goes the other way: from a packed batch (also after `cp_partition`) to
-the attention kwargs of HF flash-attention varlen or Transformer Engine THD. It is the one place that derives
-kwargs over the flattened batch: every split of a batch (``cp_partition``, ``dp_slice``, ``pp_microbatches``,
-``pad_batch_to_multiple``) drops a collator's flash ``cu_seq_lens_q/k`` and ``max_length_q/k``, so call it on
-the split batch. Row-local forms survive splits instead: a per-row ``cu_seqlens`` ``[B, D+1]``,
-``packed_token_indices`` and THD ``seq_lens*`` are sliced with rows and rebuilt for new token layouts.
+The other direction, from a batch to a model's attention kwargs, is `puzzletron.dataset.attention`
+(``forward_kwargs`` is re-exported here under its original path). Row-local forms survive splits: a per-row
+``cu_seqlens`` ``[B, D+1]``, ``packed_token_indices`` and THD ``seq_lens*`` are sliced with rows and rebuilt
+for new token layouts; a collator's flash ``cu_seq_lens_q/k`` are dropped by every split.
 
 The conversion is meant for collator output on the CPU: it needs host values (``max_seqlen``, offsets).
 It never mutates the input and copies no tensor it passes through (1-D inputs become ``[1, T]`` views).
@@ -27,23 +25,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from puzzletron.dataset._segments import (
+from puzzletron.dataset._checks import coerce_enum
+from puzzletron.dataset.attention import forward_kwargs
+from puzzletron.dataset.batch import (
+    IGNORE_INDEX,
+    TOKEN_KWARGS,
+    DataLayout,
+    Modality,
+    PackedSequenceMetadata,
+    PuzzletronBatch,
+    token_targets,
+)
+from puzzletron.dataset.batch._segments import (
     canonical_packed_ids,
+    is_integer_dtype,
     media_offsets_from_counts,
+    run_starts,
     sample_offsets_from_cu,
 )
-from puzzletron.dataset._validation import coerce_enum
-from puzzletron.dataset.batch import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch
 from puzzletron.dataset.errors import BatchValidationError
 
 __all__ = ["DocumentMap", "batch_from_automodel", "document_map", "forward_kwargs"]
-
-IGNORE_INDEX = -100
-THD_SENTINEL = -1000
 
 # Removed from model_kwargs: they become labels / masks / metadata of the batch.
 _CONSUMED_KEYS = (
@@ -58,21 +64,7 @@ _CONSUMED_KEYS = (
 _MEDIA_COUNT_KEYS = ("n_images_per_sample", "num_images_per_sample", "media_counts")
 _MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 # Token-aligned keys: a 1-D value of length T is one row and is viewed as [1, T].
-_SEQUENCE_KEYS = (
-    "input_ids",
-    "attention_mask",
-    "padding_mask",
-    "position_ids",
-    "cache_position",
-    "seq_idx",
-    "mm_token_type_ids",
-    "token_type_ids",
-    "packed_token_indices",
-    "labels",
-    "targets",
-    "loss_mask",
-    "_packed_seq_ids",
-)
+_SEQUENCE_KEYS = (*TOKEN_KWARGS, "labels", "targets", "loss_mask", "_packed_seq_ids")
 
 
 @dataclass(frozen=True)
@@ -109,7 +101,7 @@ def _integer_tensor(value: Any, key: str) -> torch.Tensor:
         tensor = torch.as_tensor(value)
     else:
         raise _error(f"{key!r} must be a tensor or a sequence of ints, got {type(value).__name__}")
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+    if not is_integer_dtype(tensor):
         raise _error(f"{key!r} must hold integers, got {tensor.dtype}")
     return tensor
 
@@ -123,9 +115,7 @@ def _number_runs(starts: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def _run_ids(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Per-row run index ``[B, T]`` of maximal runs of equal values among valid tokens; ``-1`` elsewhere."""
-    starts = valid.clone()
-    starts[:, 1:] &= (values[:, 1:] != values[:, :-1]) | ~valid[:, :-1]
-    return _number_runs(starts, valid)
+    return _number_runs(run_starts(values, valid), valid)
 
 
 def _ids_from_row_cu(cu: torch.Tensor, valid: torch.Tensor, key: str) -> torch.Tensor:
@@ -383,7 +373,7 @@ def batch_from_automodel(
     """
     if not isinstance(collated, Mapping):
         raise _error(f"collated must be a mapping, got {type(collated).__name__}")
-    layout = coerce_enum(DataLayout, layout, "batch_from_automodel: layout")
+    layout = coerce_enum(DataLayout, layout, "batch_from_automodel: layout", error=BatchValidationError)
     input_ids = collated.get("input_ids")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() not in (1, 2):
         got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
@@ -403,9 +393,7 @@ def batch_from_automodel(
     if layout is not DataLayout.PACKED_VARLEN:
         # One sample per row: a row holding several documents would lose their boundaries (the consumed
         # '_packed_seq_ids' vanish; cu kwargs would go stale under splits) and attend across documents.
-        starts = valid.clone()
-        starts[:, 1:] &= (doc_map.ids[:, 1:] != doc_map.ids[:, :-1]) | ~valid[:, :-1]
-        per_row = starts.sum(dim=1)
+        per_row = run_starts(doc_map.ids, valid).sum(dim=1)
         if bool((per_row > 1).any()):
             row = int(torch.nonzero(per_row > 1)[0])
             raise _error(
@@ -446,125 +434,10 @@ def batch_from_automodel(
     model_kwargs = {key: value for key, value in rows.items() if key not in _CONSUMED_KEYS}
     return PuzzletronBatch(
         model_kwargs=model_kwargs,
-        labels=labels,
-        ce_mask=ce_mask,
-        kd_mask=ce_mask.clone(),
-        hidden_mask=valid,
+        **token_targets(labels, ce_mask, valid),
         sequence=sequence,
         sample_ids=sample_ids,
         source_metadata=dict(source_metadata),
         modality=Modality.MULTIMODAL if _holds_media(rows, counts) else Modality.TEXT,
         layout=layout,
     )
-
-
-def _run_starts(seq_ids: torch.Tensor) -> torch.Tensor:
-    """Flat run starts ``[B*T]`` bool of ``seq_ids`` ``[B, T]`` (documents and padding runs; rows never
-    merge, as in AutoModel's ``packed_seq_params_from_doc_ids``)."""
-    flat = seq_ids.reshape(-1)
-    starts = torch.ones_like(flat, dtype=torch.bool)
-    starts[1:] = flat[1:] != flat[:-1]
-    starts[:: seq_ids.shape[1]] = True
-    return starts
-
-
-def _valid_cu(valid: torch.Tensor, doc_first: torch.Tensor) -> torch.Tensor:
-    """cu ``[D+1]`` int32 over the valid tokens ``valid`` ``[N]`` of the documents starting at ``doc_first``
-    ``[D]`` (flat positions; the valid tokens between two starts are the first document's run)."""
-    rank = valid.cumsum(0, dtype=torch.int32)  # valid tokens up to and including each token
-    cu = torch.zeros(doc_first.numel() + 1, dtype=torch.int32, device=valid.device)
-    if doc_first.numel():
-        cu[1:-1] = rank[doc_first[1:]] - 1  # valid tokens before each later document
-        cu[-1] = rank[-1]
-    return cu
-
-
-def forward_kwargs(batch: PuzzletronBatch, *, backend: Literal["flash", "te_thd"]) -> dict[str, Any]:
-    """Attention kwargs for a packed batch ``[B, T]`` (global, or local after `cp_partition`).
-
-    - ``"flash"`` (HF ``flash_attn_varlen``, no attention mask): ``cu_seq_lens_q/k`` int32 over the flattened
-      B*T tokens with every padding run its own segment (HF flattens the whole batch; AutoModel's
-      ``packed_seq_params_from_doc_ids`` convention), ``max_length_q/k`` and ``position_ids``.
-    - ``"te_thd"`` (Transformer Engine ``DotProductAttention``, ``qkv_format="thd"``): ``cu_seqlens_q/kv``
-      int32 over valid tokens ("without offset" in TE's words) and ``cu_seqlens_q/kv_padded`` the physical
-      start of every document in the flat buffer plus its end ("with offset": a document's span runs to the
-      next document, so the padding after it is inside its span), ``max_seqlen_q/kv``,
-      ``attn_mask_type="padding_causal"`` and ``position_ids``. Without padding both cu are equal.
-
-    ``position_ids`` are the batch's own ``model_kwargs["position_ids"]`` when it has them (``[B, T]``, or
-    mRoPE ``[R, B, T]``; `cp_partition` gathers them, so RoPE keeps each token's position in its document),
-    else derived: ``[B, T]`` restarting at 0 in every run of ``seq_ids``. A CP-local batch without them gets
-    no ``position_ids`` key: a rank's tokens of a document need not be its first ones (load-balanced indices
-    give rank 0 of 2 tokens ``0, 1, 6, 7`` of an 8-token document), so positions derived from local runs
-    would be wrong; put ``position_ids`` into the full batch (``replace_model_kwargs``) before partitioning.
-
-    After `cp_partition` the kwargs are *local*: each document is the tokens of it this rank holds, in order
-    (the rank's own block of causal attention). Transformer Engine's built-in context parallelism (a
-    ``cp_group`` on the attention module) wants the *global* ``cu_seqlens*`` instead and divides them by
-    ``cp_size`` itself: take those from the batch before partitioning.
-
-    Use it after any split: the batch methods drop a collator's flash kwargs (their offsets cover the whole
-    flattened batch) rather than keep them stale, and this function rebuilds them from ``seq_ids``.
-
-    Raises when a document is split into several runs or the runs disagree with the batch's cu
-    (`cp_partition` with unsorted indices would do that): a boundary is never dropped silently.
-    """
-    if backend not in ("flash", "te_thd"):
-        raise ValueError(f"forward_kwargs: backend must be 'flash' or 'te_thd', got {backend!r}")
-    sequence = batch.sequence
-    seq_ids = sequence.seq_ids
-    if seq_ids is None or sequence.global_cu_seqlens is None:
-        raise BatchValidationError(
-            "forward_kwargs needs a packed batch with sequence.seq_ids and global_cu_seqlens "
-            f"(layout={batch.layout.value if isinstance(batch.layout, DataLayout) else batch.layout})"
-        )
-    expected_cu = sequence.local_cu_seqlens if sequence.cp_size > 1 else sequence.global_cu_seqlens
-    starts = _run_starts(seq_ids)
-    flat = seq_ids.reshape(-1)
-    total = flat.numel()
-    valid = flat >= 0
-    doc_first = torch.nonzero(starts & valid).reshape(-1)  # [D] flat first token of every document
-    n_docs = doc_first.numel()
-    cu_valid = _valid_cu(valid, doc_first)
-    if expected_cu is None or not torch.equal(cu_valid, expected_cu.to(cu_valid)):
-        raise BatchValidationError(
-            f"forward_kwargs: the token runs of sequence.seq_ids give cu {cu_valid.tolist()} but the batch "
-            f"says {None if expected_cu is None else expected_cu.tolist()}; a document is split or merged "
-            "(was cp_partition given unsorted indices?)"
-        )
-    segment_starts = torch.nonzero(starts).reshape(-1)
-    position_ids = batch.model_kwargs.get("position_ids")
-    if not isinstance(position_ids, torch.Tensor) and sequence.cp_size == 1:
-        segment = starts.cumsum(0).sub_(1)  # [N] run of every token
-        positions = torch.arange(total, device=flat.device) - segment_starts[segment]
-        position_ids = positions.reshape(seq_ids.shape)  # restart at 0 in every run
-    position_kwargs = {} if position_ids is None else {"position_ids": position_ids}
-    if backend == "flash":
-        cu = torch.cat([segment_starts, segment_starts.new_tensor([total])]).to(torch.int32)
-        max_length = int(cu.diff().max()) if cu.numel() > 1 else 0
-        return {
-            "cu_seq_lens_q": cu,
-            "cu_seq_lens_k": cu,
-            "max_length_q": max_length,
-            "max_length_k": max_length,
-            **position_kwargs,
-        }
-    # te_thd
-    if n_docs and int(doc_first[0]) != 0:
-        raise BatchValidationError(
-            "forward_kwargs(te_thd): the flat buffer starts with padding; THD needs every padding run "
-            "to follow a document"
-        )
-    cu_padded = torch.cat([doc_first, doc_first.new_tensor([total])]).to(torch.int32)
-    max_seqlen = int(cu_valid.diff().max()) if n_docs else 0
-    return {
-        "qkv_format": "thd",
-        "attn_mask_type": "padding_causal",
-        "cu_seqlens_q": cu_valid,
-        "cu_seqlens_kv": cu_valid,
-        "cu_seqlens_q_padded": cu_padded,
-        "cu_seqlens_kv_padded": cu_padded,
-        "max_seqlen_q": max_seqlen,
-        "max_seqlen_kv": max_seqlen,
-        **position_kwargs,
-    }

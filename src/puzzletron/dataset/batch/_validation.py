@@ -1,71 +1,32 @@
-"""Construction rules of `PuzzletronBatch` (contract 3.1) and the small argument checks its methods share.
+"""The construction rules of `PuzzletronBatch` (``docs/batch-contract.md``, "Validation"), and the checks of
+token indices and per-row video counts its methods share.
 
 Shape rules are host-side facts (``.shape``, ``.dtype``) and raise at once. Value rules are tensor
 reductions on the device the batch lives on, stacked into one boolean vector and read with a single host
 sync, so a batch built on an accelerator costs one sync, whatever its size or the number of rules. Every
 message names the field. Derived batches (``to``, splits, padding) never come through here: they are built
-from already valid parts by `_batch_ops`.
+from already valid parts by the split modules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from puzzletron.dataset import _segments
-from puzzletron.dataset._batch_keys import MASK_FIELDS, SEQUENCE_KWARGS, VIDEO_COUNT_KWARGS
+from puzzletron.dataset._checks import is_int
+from puzzletron.dataset.batch import _segments
+from puzzletron.dataset.batch._keys import MASK_FIELDS, SEQUENCE_KWARGS, VIDEO_COUNT_KWARGS
+from puzzletron.dataset.batch._segments import is_integer_dtype
+from puzzletron.dataset.batch._view import BatchView
 from puzzletron.dataset.errors import BatchValidationError
 
-if TYPE_CHECKING:
-    from puzzletron.dataset.batch import PuzzletronBatch
-
-__all__ = [
-    "check_token_indices",
-    "coerce_enum",
-    "is_int",
-    "is_integer_dtype",
-    "require_int",
-    "require_tensor",
-    "validate",
-    "video_counts",
-]
+__all__ = ["check_token_indices", "validate", "video_counts"]
 
 
-def coerce_enum(enum_cls: type[Enum], value: Any, name: str) -> Any:
-    if isinstance(value, enum_cls):
-        return value
-    try:
-        return enum_cls(value)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in enum_cls)
-        raise BatchValidationError(f"{name} must be one of {allowed}; got {value!r}") from None
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def require_int(value: Any, name: str, *, minimum: int) -> int:
-    if not is_int(value) or value < minimum:
-        raise BatchValidationError(f"{name} must be an int >= {minimum}; got {value!r}")
-    return value
-
-
-def require_tensor(value: Any, name: str) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise BatchValidationError(f"{name} must be a torch.Tensor; got {type(value).__name__}")
-    return value
-
-
-def is_integer_dtype(t: torch.Tensor) -> bool:
-    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
-
-
-def validate(b: PuzzletronBatch, *, packed: bool) -> None:
-    """Contract 3.1 for ``b`` (``packed``: its layout is ``packed_varlen``; enums are coerced by the caller).
+def validate(b: BatchView, *, packed: bool) -> None:
+    """The construction rules for ``b`` (``packed``: its layout is ``packed_varlen``; enums already coerced).
 
     Shape rules raise immediately; value rules are batched into one host sync.
     """
@@ -214,7 +175,7 @@ def _increasing(cu: torch.Tensor, name: str) -> list[tuple[torch.Tensor, str]]:
 
 
 def _check_cu_values(
-    b: PuzzletronBatch, B: int, T: int, checks: list[tuple[torch.Tensor, str]], *, packed: bool
+    b: BatchView, B: int, T: int, checks: list[tuple[torch.Tensor, str]], *, packed: bool
 ) -> None:
     seq = b.sequence
     cu = seq.global_cu_seqlens
@@ -271,13 +232,11 @@ def _check_cu_values(
                 )
             )
             # One run per sample: with the counts and the order above, this makes the ids exactly canonical
-            # (contract 3.4), so no split can cut a sample that crosses a row end or a padding gap.
-            valid = ids >= 0
-            starts = valid.clone()
-            starts[:, 1:] &= (ids[:, 1:] != ids[:, :-1]) | ~valid[:, :-1]
+            # (docs/batch-contract.md, "Canonical packed ids"), so no split can cut a sample that crosses a
+            # row end or a padding gap.
             checks.append(
                 (
-                    starts.sum().eq(n),
+                    _segments.run_starts(ids, ids >= 0).sum().eq(n),
                     "sequence.seq_ids must hold every sample as one contiguous run inside one row",
                 )
             )
@@ -309,7 +268,10 @@ def _check_cu_values(
 
 
 def check_token_indices(token_indices: Any, length: int, device: torch.device) -> torch.Tensor:
-    idx = require_tensor(token_indices, "token_indices")
+    """``token_indices`` as int64 on ``device``, checked: 1-D, in ``[0, length)``, unique (one host sync)."""
+    idx = token_indices
+    if not isinstance(idx, torch.Tensor):
+        raise BatchValidationError(f"token_indices must be a torch.Tensor; got {type(idx).__name__}")
     if idx.dim() != 1 or not is_integer_dtype(idx):
         raise BatchValidationError(
             f"token_indices must be a 1-D integer tensor; got {idx.dtype} {tuple(idx.shape)}"

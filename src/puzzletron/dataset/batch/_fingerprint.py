@@ -22,14 +22,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-__all__ = ["encode_into", "fingerprint_of"]
+__all__ = ["content_equal", "content_hash", "encode_into", "fingerprint_of"]
 
 # Bump when the encoding changes: fingerprints are stored next to cached artefacts.
 _VERSION = b"puzzletron-fingerprint-v1"
@@ -138,3 +138,40 @@ def fingerprint_of(obj: Any, *, where: str = "value") -> str:
     sink = hashlib.sha256(_VERSION)
     encode_into(sink, obj, where)
     return sink.hexdigest()
+
+
+# -- equality by content -------------------------------------------------------------------------------------
+
+_NO_CONTENT_KEY = object()  # cached: this object holds a value without a canonical encoding
+
+
+def _content_key(obj: Any, fingerprint: Callable[[Any], str]) -> str | None:
+    """The fingerprint of ``obj``, or ``None`` when it holds a value with no canonical encoding.
+
+    ``fingerprint`` itself raises ``TypeError`` then (a ``repr()`` would make it meaningless), but ``==`` and
+    ``hash`` must never crash: such an object compares by identity instead. The failure is cached so repeated
+    comparisons do not hash its tensors again (derived and unpickled objects copy fields only, never this
+    cache).
+    """
+    key = obj.__dict__.get("_content_key", None)
+    if key is None:
+        try:
+            key = fingerprint(obj)
+        except TypeError:
+            key = _NO_CONTENT_KEY
+        object.__setattr__(obj, "_content_key", key)
+    return None if key is _NO_CONTENT_KEY else key
+
+
+def content_equal(a: Any, b: Any, fingerprint: Callable[[Any], str]) -> bool:
+    """By content fingerprint; by identity when either side has no canonical encoding."""
+    if a is b:
+        return True
+    key_a, key_b = _content_key(a, fingerprint), _content_key(b, fingerprint)
+    return key_a is not None and key_a == key_b
+
+
+def content_hash(obj: Any, fingerprint: Callable[[Any], str]) -> int:
+    """Consistent with `content_equal`: equal fingerprints hash alike, identity-only objects by id."""
+    key = _content_key(obj, fingerprint)
+    return hash(key) if key is not None else object.__hash__(obj)

@@ -15,8 +15,8 @@ Vocabulary (shapes in brackets, lengths in tokens):
 
 Every function here is loop-free over tokens and samples (``diff``/``cumsum``/``scatter_add``); the only host
 syncs are the ones a result that lives on the host needs (``max_seqlen`` as an ``int``, offsets as tuples).
-These helpers are private to the package but their names and signatures are stable: ``automodel.py``,
-``packing.py`` and ``parallel.py`` import them.
+These helpers are private to the package but their names and signatures are stable: the batch operations,
+``automodel.py``, ``attention.py`` and the packing builder import them.
 """
 
 from __future__ import annotations
@@ -26,16 +26,20 @@ from typing import NamedTuple
 
 import torch
 
+from puzzletron.dataset.errors import BatchValidationError
+
 __all__ = [
     "CanonicalIds",
     "canonical_packed_ids",
     "counts_per_sample",
     "cu_from_counts",
+    "is_integer_dtype",
     "max_segment_length",
     "media_offsets_from_counts",
     "patch_offsets_from_grid",
     "row_cu_from_seq_ids",
     "row_document_lengths",
+    "run_starts",
     "sample_offsets_from_cu",
     "seq_ids_from_cu",
 ]
@@ -65,11 +69,36 @@ class CanonicalIds(NamedTuple):
 
 def _check_ids(ids: torch.Tensor, name: str) -> None:
     if not isinstance(ids, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+        raise BatchValidationError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
     if ids.dim() != 2:
-        raise ValueError(f"{name} must be 2-D [B, T], got shape {tuple(ids.shape)}")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got {ids.dtype}")
+        raise BatchValidationError(f"{name} must be 2-D [B, T], got shape {tuple(ids.shape)}")
+    if not is_integer_dtype(ids):
+        raise BatchValidationError(f"{name} must be an integer tensor, got {ids.dtype}")
+
+
+def is_integer_dtype(t: torch.Tensor) -> bool:
+    """Integer (not bool, floating or complex) dtype."""
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+
+
+def run_starts(ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """``[..., T]`` bool: where a maximal run of equal values starts, row by row (never across rows).
+
+    With ``valid`` (bool, same shape) only valid tokens start runs and an invalid token ends one: the
+    *documents*. Without it every run starts one, padding runs included (the *segments* attention kernels
+    see over a flattened batch).
+
+    >>> ids = torch.tensor([[0, 0, -1, 1, 1], [2, 2, 2, -1, -1]])
+    >>> run_starts(ids, ids >= 0).int().tolist()
+    [[1, 0, 0, 1, 0], [1, 0, 0, 0, 0]]
+    >>> run_starts(ids).int().tolist()
+    [[1, 0, 1, 1, 0], [1, 0, 0, 1, 0]]
+    """
+    starts = torch.ones_like(ids, dtype=torch.bool) if valid is None else valid.clone()
+    if ids.shape[-1] > 1:
+        change = ids[..., 1:] != ids[..., :-1]
+        starts[..., 1:] &= change if valid is None else change | ~valid[..., :-1]
+    return starts
 
 
 def canonical_packed_ids(ids: torch.Tensor) -> CanonicalIds:
@@ -86,10 +115,8 @@ def canonical_packed_ids(ids: torch.Tensor) -> CanonicalIds:
     _check_ids(ids, "ids")
     ids = ids.long()
     valid = ids >= 0
-    # A run starts where the token is valid and differs from its left neighbour; column 0 always starts one
-    # (ids restarting per row must not merge with the previous row's last sample).
-    starts = valid.clone()
-    starts[:, 1:] &= (ids[:, 1:] != ids[:, :-1]) | ~valid[:, :-1]
+    # Runs never cross a row end: ids restarting per row must not merge with the previous row's last sample.
+    starts = run_starts(ids, valid)
     # starts: [B, T] -> row-major running count of runs seen so far.
     flat_starts = starts.reshape(-1)
     run_index = flat_starts.cumsum(0).reshape(ids.shape) - 1
@@ -166,8 +193,7 @@ def row_document_lengths(seq_ids: torch.Tensor, width: int) -> tuple[torch.Tenso
     """
     _check_ids(seq_ids, "seq_ids")
     valid = seq_ids >= 0
-    starts = valid.clone()
-    starts[:, 1:] &= (seq_ids[:, 1:] != seq_ids[:, :-1]) | ~valid[:, :-1]
+    starts = run_starts(seq_ids, valid)
     # doc: [B, T] index of the last document started at or before each token (-1 before the first one).
     doc = starts.long().cumsum(dim=1) - 1
     column = torch.where((doc >= 0) & (doc < width), doc, torch.full_like(doc, width))  # width = discard
@@ -224,5 +250,7 @@ def patch_offsets_from_grid(grid_thw: torch.Tensor) -> torch.Tensor:
     Flat ``pixel_values`` of Qwen2-VL-style processors hold ``t*h*w`` rows per image, images concatenated.
     """
     if grid_thw.dim() != 2:
-        raise ValueError(f"image_grid_thw must be 2-D [num_images, 3], got shape {tuple(grid_thw.shape)}")
+        raise BatchValidationError(
+            f"image_grid_thw must be 2-D [num_images, 3], got shape {tuple(grid_thw.shape)}"
+        )
     return media_offsets_from_counts(grid_thw.long().prod(dim=1))
