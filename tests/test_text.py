@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 
 from puzzletron.dataset.batch import DataLayout, PuzzletronBatch
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
+from puzzletron.dataset.errors import SubsetError
 from puzzletron.dataset.text import (
     assistant_token_mask,
     build_batches,
@@ -285,7 +286,7 @@ def test_build_batches_deals_to_dp_ranks_and_reads_a_snapshot_folder(tokenizer_d
     assert [b.fingerprint for b in ranks[0].for_rank(1)] == [b.fingerprint for b in ranks[1]]
     assert [b.fingerprint for b in ranks[0].loader(num_workers=0)] == [b.fingerprint for b in ranks[0]]
     assert len(load_text_split(tmp_path / "snap")) == 2
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(SubsetError, match="does not exist"):
         load_text_split(tmp_path / "missing")
 
 
@@ -298,7 +299,7 @@ def test_build_batches_rejects_a_multimodal_spec(tokenizer_dir: Path):
 def test_ragged_columns_are_flattened_chunk_by_chunk_and_rows_selected_exactly() -> None:
     import pyarrow as pa
 
-    from puzzletron.dataset.text import _flatten, _select_rows
+    from puzzletron.dataset.tokenize import _flatten, _select_rows
 
     # two chunks, the second starting at a non-zero offset (a slice), one empty row
     first = pa.array([[1, 2], [3]], type=pa.list_(pa.int64()))

@@ -17,60 +17,20 @@ Every message names the config key (``data.packing.pack_size`` ...) and what was
 
 from __future__ import annotations
 
-import difflib
 import math
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from puzzletron.dataset.batch import DataLayout, Modality
+from puzzletron.dataset._checks import coerce_enum, did_you_mean, require_bool, require_positive
+from puzzletron.dataset._enums import DataLayout, Modality
 from puzzletron.dataset.errors import ConfigError
 
 __all__ = ["PackingSpec", "PuzzletronDataSpec"]
 
 _PACKING_KEYS = ("pack_size", "packing_ratio", "drop_long_samples")
 _SPEC_KEYS = ("modality", "layout", "max_sample_length", "packing")
-_TRUE = frozenset({"true", "yes", "on", "1"})
-_FALSE = frozenset({"false", "no", "off", "0"})
-
-
-def _did_you_mean(key: str, known: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be a positive int; got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ConfigError(f"{name} must be > 0; got {value}")
-    return value
-
-
-def _strict_bool(value: Any, name: str) -> bool:
-    """``True``/``False`` or the strings true/false, yes/no, on/off, 1/0 (any case); else an error."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-    raise ConfigError(f"{name} must be a boolean (true/false); got {value!r}")
-
-
-def _coerce_enum(enum_cls: type[DataLayout] | type[Modality], value: Any, name: str) -> Any:
-    if isinstance(value, enum_cls):
-        return value
-    try:
-        return enum_cls(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in enum_cls)
-        raise ConfigError(f"{name} must be one of {allowed}; got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -87,7 +47,7 @@ class PackingSpec:
     drop_long_samples: bool = True
 
     def __post_init__(self) -> None:
-        _positive_int(self.pack_size, "data.packing.pack_size")
+        require_positive(self.pack_size, "data.packing.pack_size", error=ConfigError)
         ratio = self.packing_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, int | float):
             raise ConfigError(f"data.packing.packing_ratio must be a number in (0, 1]; got {ratio!r}")
@@ -95,7 +55,11 @@ class PackingSpec:
             raise ConfigError(f"data.packing.packing_ratio must be in (0, 1]; got {ratio}")
         object.__setattr__(self, "packing_ratio", float(ratio))
         object.__setattr__(
-            self, "drop_long_samples", _strict_bool(self.drop_long_samples, "data.packing.drop_long_samples")
+            self,
+            "drop_long_samples",
+            require_bool(
+                self.drop_long_samples, "data.packing.drop_long_samples", error=ConfigError, strings=True
+            ),
         )
 
     @classmethod
@@ -105,7 +69,7 @@ class PackingSpec:
             raise ConfigError(f"data.packing must be a mapping or null; got {type(raw).__name__}")
         unknown = [str(k) for k in raw if k not in _PACKING_KEYS]
         if unknown:
-            hints = "; ".join(f"data.packing.{k}{_did_you_mean(k, _PACKING_KEYS)}" for k in sorted(unknown))
+            hints = "; ".join(f"data.packing.{k}{did_you_mean(k, _PACKING_KEYS)}" for k in sorted(unknown))
             raise ConfigError(f"unknown key(s) in data.packing: {hints}; expected {', '.join(_PACKING_KEYS)}")
         if "pack_size" not in raw:
             raise ConfigError("data.packing.pack_size is required when data.packing is given")
@@ -130,9 +94,13 @@ class PuzzletronDataSpec:
 
     def __post_init__(self) -> None:
         # Coerce first: the packing rule below must see DataLayout.PACKED_VARLEN, not the string.
-        object.__setattr__(self, "modality", _coerce_enum(Modality, self.modality, "data.modality"))
-        object.__setattr__(self, "layout", _coerce_enum(DataLayout, self.layout, "data.layout"))
-        _positive_int(self.max_sample_length, "data.max_sample_length")
+        object.__setattr__(
+            self, "modality", coerce_enum(Modality, self.modality, "data.modality", error=ConfigError)
+        )
+        object.__setattr__(
+            self, "layout", coerce_enum(DataLayout, self.layout, "data.layout", error=ConfigError)
+        )
+        require_positive(self.max_sample_length, "data.max_sample_length", error=ConfigError)
         if self.packing is not None and not isinstance(self.packing, PackingSpec):
             raise ConfigError(
                 f"data.packing must be a PackingSpec or null; got {type(self.packing).__name__}"
@@ -173,7 +141,7 @@ class PuzzletronDataSpec:
         for key in ("modality", "layout", "max_sample_length"):
             if key not in raw:
                 others = [str(k) for k in raw if k not in _SPEC_KEYS]
-                hint = _did_you_mean(key, tuple(others))
+                hint = did_you_mean(key, tuple(others))
                 raise ConfigError(f"canonical data config is missing data.{key}{hint}")
         packing_raw = raw.get("packing")
         packing = None if packing_raw is None else PackingSpec._from_mapping(packing_raw)

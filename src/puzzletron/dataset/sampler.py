@@ -31,8 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from puzzletron.dataset._checks import is_int, require_int, require_seed
 from puzzletron.dataset.batch import PuzzletronBatch
 from puzzletron.dataset.config import PuzzletronDataSpec
+from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.packing import PackingPlan, TokenizedSamples, build_batch
 
 __all__ = [
@@ -44,18 +46,6 @@ __all__ = [
 ]
 
 _STATE_KEYS = ("num_items", "batch_size", "dp_size", "seed", "shuffle", "drop_last")
-
-
-def _check_positive(**values: int) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
-
-def _check_seed(seed: int) -> None:
-    # numpy seeds must be >= 0; its own error ("expected non-negative integer") names no field.
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
 
 
 def steps_per_epoch(num_items: int, *, batch_size: int, dp_size: int, drop_last: bool = False) -> int:
@@ -80,12 +70,11 @@ def deal_epoch(
     same deal without communicating. The tail step deals its ``k`` items contiguously: the first
     ``k % dp_size`` ranks take ``k // dp_size + 1``, the others ``k // dp_size``.
     """
-    if isinstance(num_items, bool) or not isinstance(num_items, int | np.integer) or num_items < 0:
-        raise ValueError(f"num_items must be an int >= 0, got {num_items!r}")
-    _check_positive(batch_size=batch_size, dp_size=dp_size)
-    _check_seed(seed)
-    if epoch < 0:
-        raise ValueError(f"epoch must be >= 0, got {epoch}")
+    num_items = require_int(num_items, "num_items", minimum=0, error=ConfigError)
+    require_int(batch_size, "batch_size", minimum=1, error=ConfigError)
+    require_int(dp_size, "dp_size", minimum=1, error=ConfigError)
+    seed = require_seed(seed, error=ConfigError)
+    epoch = require_int(epoch, "epoch", minimum=0, error=ConfigError)
     order = (
         np.random.default_rng([int(seed), int(epoch)]).permutation(num_items)
         if shuffle
@@ -145,10 +134,11 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
         shuffle: bool = True,
         drop_last: bool = False,
     ) -> None:
-        _check_positive(batch_size=batch_size, dp_size=dp_size)
-        _check_seed(seed)
-        if not 0 <= dp_rank < dp_size:
-            raise ValueError(f"dp_rank must be in 0..{dp_size - 1}, got {dp_rank}")
+        require_int(batch_size, "batch_size", minimum=1, error=ConfigError)
+        require_int(dp_size, "dp_size", minimum=1, error=ConfigError)
+        require_seed(seed, error=ConfigError)
+        if not is_int(dp_rank) or not 0 <= dp_rank < dp_size:
+            raise ConfigError(f"dp_rank must be in 0..{dp_size - 1}, got {dp_rank!r}")
         self.num_items = int(num_items)
         self.batch_size = int(batch_size)
         self.dp_rank = int(dp_rank)
@@ -218,7 +208,7 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
         if consumed is None:
             consumed = self._position
         if not 0 <= consumed <= len(self):
-            raise ValueError(f"consumed must be in 0..{len(self)}, got {consumed}")
+            raise ConfigError(f"consumed must be in 0..{len(self)}, got {consumed}")
         state = {name: getattr(self, name) for name in _STATE_KEYS}
         return {**state, "epoch": self.epoch, "next_step": int(consumed)}
 
@@ -226,14 +216,14 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
         """Continue at ``state["next_step"]`` of ``state["epoch"]``; the deal settings must match."""
         for name in _STATE_KEYS:
             if name not in state:
-                raise ValueError(f"sampler state is missing {name!r}")
+                raise ConfigError(f"sampler state is missing {name!r}")
             if state[name] != getattr(self, name):
-                raise ValueError(
+                raise ConfigError(
                     f"sampler state has {name}={state[name]!r} but this sampler has {getattr(self, name)!r}; "
                     "resume with the same deal settings"
                 )
         if not 0 <= int(state["next_step"]) <= len(self):
-            raise ValueError(f"sampler state next_step={state['next_step']} outside 0..{len(self)}")
+            raise ConfigError(f"sampler state next_step={state['next_step']} outside 0..{len(self)}")
         self.epoch = int(state["epoch"])
         self._resume = self._position = int(state["next_step"])
 
