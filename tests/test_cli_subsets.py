@@ -71,7 +71,7 @@ def test_inspect_of_a_non_subset_exits_one(tmp_path, capsys):
     assert "manifest is missing" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------- a Puzzle-KD text snapshot (acquisition.py)
+# ------------------------------------------- a Puzzle-KD text snapshot (formats/text_snapshot.py)
 
 
 def _rows(source, *, split, revision, seed):

@@ -1,5 +1,5 @@
-"""`dataset._hub` against the olah mirror: revision resolution, listing, whole-file downloads, local
-readers; and the mirror quirks the design works around (pinned here so a change in olah shows up)."""
+"""`dataset.acquisition._hub` against the olah mirror: revision resolution, listing, whole-file downloads,
+local readers; and the mirror quirks the design works around (pinned here so a change in olah shows up)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from huggingface_hub import HfApi
 from huggingface_hub import errors as hf_errors
 
-from puzzletron.dataset import _hub
+from puzzletron.dataset.acquisition import _hub
 from puzzletron.dataset.errors import AcquisitionError
 from puzzletron.fixtures.hub import NEMOTRON_VLM, PUZZLE_KD, FixtureHub
 from puzzletron.fixtures.mirror import free_port

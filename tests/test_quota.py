@@ -7,8 +7,9 @@ from fractions import Fraction
 
 import pytest
 
-from _conversation_samples import nemotron_row
+from _conversation_samples import multi_row, nemotron_row, single_row
 from puzzletron.dataset.acquisition import (
+    RejectedRow,
     VlmAcquisitionSpec,
     largest_remainder_quotas,
     materialize_intersyn_subset,
@@ -56,7 +57,7 @@ def test_quotas_sum_to_total_and_stay_within_one_of_the_exact_share(total: int) 
 def test_bad_weights_and_totals_are_errors() -> None:
     with pytest.raises(ValueError, match="positive"):
         largest_remainder_quotas({"a": 0}, 3)
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match=r"total must be an int >= 0; got -1"):
         largest_remainder_quotas({"a": 1}, -1)
     with pytest.raises(ValueError, match="at least one"):
         largest_remainder_quotas({}, 1)
@@ -72,7 +73,7 @@ def test_redistribution_weighs_by_max_weight_minus_taken_or_one() -> None:
 
 @pytest.mark.parametrize("total", [2.5, True, "3", None])
 def test_a_total_that_is_not_an_integer_is_a_config_error(total) -> None:
-    with pytest.raises(ConfigError, match="total must be a non-negative integer"):
+    with pytest.raises(ConfigError, match=r"total must be an int >= 0; got "):
         largest_remainder_quotas({"a": 1, "b": 2}, total)
 
 
@@ -107,3 +108,41 @@ def test_snapshot_errors_belong_to_the_library_hierarchy(tmp_path) -> None:
         materialize_nemotron_vlm_dataset(other, sample_loader=loader, revision_resolver=lambda s, r: "a" * 40)
     with pytest.raises(PuzzletronDataError, match="does not match requested acquisition"):
         materialize_intersyn_subset(tmp_path / "s", dataset_loader=loader)
+
+
+def test_a_loader_may_yield_a_rejected_row_with_its_own_reason(tmp_path) -> None:
+    """A `RejectedRow` in place of a row (what `hub_vlm_rows` yields for a missing image or a bad line) is
+    recorded with exactly its id and reason; the next row fills the quota."""
+
+    def loader(subset: str, **_: object):
+        yield RejectedRow("only@12", "invalid JSON at byte 12: Expecting value")
+        yield RejectedRow("r7", "image(s) ['7.png'] not found in any of the 3 tar shards")
+        yield nemotron_row(1)
+
+    manifest = materialize_nemotron_vlm_dataset(
+        VlmAcquisitionSpec(output_dir=tmp_path / "s", subsets=("only",), num_samples=1),
+        sample_loader=loader,
+        revision_resolver=lambda source, revision: "a" * 40,
+    )
+    assert manifest["diagnostics"]["rejected_rows"] == [
+        {"subset": "only", "row_id": "only@12", "reason": "invalid JSON at byte 12: Expecting value"},
+        {
+            "subset": "only",
+            "row_id": "r7",
+            "reason": "image(s) ['7.png'] not found in any of the 3 tar shards",
+        },
+    ]
+    assert manifest["sample_count"] == 1
+
+
+def test_an_intersyn_loader_may_yield_rejected_rows_too(tmp_path) -> None:
+    def loader(source: str, *, split: str, revision: str):
+        yield RejectedRow(f"{split}-bad", "unreadable")
+        yield single_row(0) if split == "train" else multi_row(0)
+
+    manifest = materialize_intersyn_subset(tmp_path / "i", rows_per_source=1, dataset_loader=loader)
+    assert [(r["dataset"], r["row_id"], r["reason"]) for r in manifest["diagnostics"]["rejected_rows"]] == [
+        ("finyorko/single_turn", "train-bad", "unreadable"),
+        ("finyorko/multi-turn", "multi-bad", "unreadable"),
+    ]
+    assert manifest["sample_count"] == 2

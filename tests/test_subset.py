@@ -352,7 +352,7 @@ def test_rerun_reuses_the_complete_subset_without_reading_samples(tmp_path):
 
     assert materialize_normalized_conversation_samples(never(), dest, acquisition={"n": 2}) == first
     assert materialize_normalized_intersyn_samples([], dest) == first
-    with pytest.raises(SubsetError, match="does not match the requested acquisition"):
+    with pytest.raises(SubsetError, match="does not match requested acquisition"):
         materialize_normalized_conversation_samples(never(), dest, acquisition={"n": 3})
 
 
@@ -722,7 +722,7 @@ def _concurrent_writer(dest: Path, barrier, results: Path) -> None:
 
     # The library's own log says which path each process took: "published" (the writer) or "reusing".
     handler = logging.FileHandler(results / f"log-{os.getpid()}.txt")
-    logger = logging.getLogger("puzzletron.dataset.subset")
+    logger = logging.getLogger("puzzletron.dataset.formats.subset_writer")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
 

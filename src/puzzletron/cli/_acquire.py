@@ -6,7 +6,8 @@ terminal and ``--quiet`` is not given) and prints one JSON line on stdout::
     {"status": "done" | "reused", "adapter": ..., "output": DIR, "manifest": DIR/manifest.json}
 
 Exit codes: 0 done or reused, 1 a data error (Hub unreachable, mismatch with an existing snapshot,
-shortfall), 2 usage (bad flags or spec fields).
+shortfall), 2 usage (bad flags or spec fields). The errors are the library's (`PuzzletronDataError`,
+`ConfigError` for usage) or an `OSError`; `puzzletron.cli.main` prints them and picks the code.
 
 ``hub fixtures DIR`` writes the fixture repositories; ``hub serve DIR`` serves ``DIR/mirrors`` with the
 Hub API on loopback (olah), prints the endpoint and runs until interrupted.
@@ -21,13 +22,13 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+from inspect import signature
 from pathlib import Path
 from typing import Any
 
 __all__ = ["register"]
-
-_PROGRESS_LOGGER = "puzzletron.dataset.acquisition.progress"
 
 
 class _ProgressHandler(logging.Handler):
@@ -59,15 +60,15 @@ def _show_progress(args: argparse.Namespace) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
-def _run(args: argparse.Namespace, adapter: str, manifest_name: str, call: Callable[[], Any]) -> int:
-    from puzzletron.dataset import _hub
-    from puzzletron.dataset.errors import ConfigError, PuzzletronDataError
+def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int:
+    from puzzletron.dataset.acquisition import PROGRESS_LOGGER, _hub
+    from puzzletron.dataset.formats import MANIFEST
 
     output = Path(args.output)
     existed = output.is_dir() and any(output.iterdir())
     show = _show_progress(args)
     _hub.set_progress_bars(show)
-    logger = logging.getLogger(_PROGRESS_LOGGER)
+    logger = logging.getLogger(PROGRESS_LOGGER)
     handler = _ProgressHandler() if show else None
     old_level, old_propagate = logger.level, logger.propagate
     if handler is not None:
@@ -75,13 +76,7 @@ def _run(args: argparse.Namespace, adapter: str, manifest_name: str, call: Calla
         logger.setLevel(logging.DEBUG)
         logger.propagate = False  # progress records feed the bars only, never the log
     try:
-        call()
-    except ConfigError as exc:
-        print(f"puzzletron-data materialize {args.dataset}: {exc}", file=sys.stderr)
-        return 2
-    except (PuzzletronDataError, ValueError, OSError) as exc:
-        print(f"puzzletron-data materialize {args.dataset}: {exc}", file=sys.stderr)
-        return 1
+        call()  # a library error or OSError goes to `puzzletron.cli.main`: ConfigError exits 2, others 1
     finally:
         if handler is not None:
             logger.removeHandler(handler)
@@ -92,32 +87,30 @@ def _run(args: argparse.Namespace, adapter: str, manifest_name: str, call: Calla
         "status": "reused" if existed else "done",
         "adapter": adapter,
         "output": str(output),
-        "manifest": str(output / manifest_name),
+        "manifest": str(output / MANIFEST),
     }
     print(json.dumps(line), flush=True)
     return 0
 
 
+def _spec(spec_cls: type, args: argparse.Namespace, **fields_: Any) -> Any:
+    """A spec from the flags every materialiser has, plus `fields_`."""
+    common = {"seed": args.seed, "revision": args.revision, "source": args.source}
+    return spec_cls(output_dir=Path(args.output), **common, **fields_)
+
+
 def _puzzle_kd(args: argparse.Namespace) -> int:
     from puzzletron.dataset.acquisition import (
-        MANIFEST_NAME,
         PUZZLE_KD_ADAPTER,
         TextAcquisitionSpec,
         materialize_puzzle_kd_dataset,
     )
 
     def call() -> Any:
-        spec = TextAcquisitionSpec(
-            output_dir=Path(args.output),
-            train_samples=args.train_samples,
-            validation_samples=args.validation_samples,
-            seed=args.seed,
-            revision=args.revision,
-            source=args.source,
-        )
-        return materialize_puzzle_kd_dataset(spec)
+        sizes = {"train_samples": args.train_samples, "validation_samples": args.validation_samples}
+        return materialize_puzzle_kd_dataset(_spec(TextAcquisitionSpec, args, **sizes))
 
-    return _run(args, PUZZLE_KD_ADAPTER, MANIFEST_NAME, call)
+    return _run(args, PUZZLE_KD_ADAPTER, call)
 
 
 def _subset_rows(values: list[str] | None) -> tuple[tuple[str, int], ...]:
@@ -136,7 +129,6 @@ def _nemotron(args: argparse.Namespace) -> int:
         VlmAcquisitionSpec,
         materialize_nemotron_vlm_dataset,
     )
-    from puzzletron.dataset.subset import MANIFEST
 
     try:
         rows = _subset_rows(args.subset_rows)
@@ -147,24 +139,15 @@ def _nemotron(args: argparse.Namespace) -> int:
 
     def call() -> Any:
         extra = {"subsets": subsets} if subsets else {}
-        spec = VlmAcquisitionSpec(
-            output_dir=Path(args.output),
-            subset_rows=rows,
-            num_samples=args.num_samples,
-            seed=args.seed,
-            max_shards_per_subset=args.max_shards_per_subset,
-            revision=args.revision,
-            source=args.source,
-            **extra,
-        )
+        sizes = {"num_samples": args.num_samples, "max_shards_per_subset": args.max_shards_per_subset}
+        spec = _spec(VlmAcquisitionSpec, args, subset_rows=rows, **sizes, **extra)
         return materialize_nemotron_vlm_dataset(spec)
 
-    return _run(args, NEMOTRON_VLM_ADAPTER, MANIFEST, call)
+    return _run(args, NEMOTRON_VLM_ADAPTER, call)
 
 
 def _intersyn(args: argparse.Namespace) -> int:
     from puzzletron.dataset.acquisition import INTERSYN_ADAPTER, materialize_intersyn_subset
-    from puzzletron.dataset.subset import MANIFEST
 
     def call() -> Any:
         return materialize_intersyn_subset(
@@ -176,7 +159,7 @@ def _intersyn(args: argparse.Namespace) -> int:
             multi_turn_revision=args.multi_turn_revision,
         )
 
-    return _run(args, INTERSYN_ADAPTER, MANIFEST, call)
+    return _run(args, INTERSYN_ADAPTER, call)
 
 
 def _hub_fixtures(args: argparse.Namespace) -> int:
@@ -184,7 +167,7 @@ def _hub_fixtures(args: argparse.Namespace) -> int:
 
     try:
         hub = generate_fixture_hub(Path(args.dir), seed=args.seed)
-    except (FileExistsError, OSError) as exc:
+    except OSError as exc:
         print(f"puzzletron-data hub fixtures: {exc}", file=sys.stderr)
         return 1
     print(
@@ -212,52 +195,59 @@ def _hub_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common(parser: argparse.ArgumentParser, *, seed: int | None, source: str | None) -> None:
+def _flags(parser: argparse.ArgumentParser, defaults: Mapping[str, Any], *names: str) -> None:
+    """One ``--name`` flag per field `names`, its type and default those of `defaults` (the spec's)."""
+    for name in names:
+        default = defaults[name]
+        kind = int if isinstance(default, int) else None
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default)
+
+
+def _common(parser: argparse.ArgumentParser, spec_cls: type | None) -> dict[str, Any]:
+    """The flags every materialiser has; with `spec_cls`, also its seed, revision and source (defaults
+    read from the spec). Returns the spec's field defaults."""
     parser.add_argument("--output", required=True, help="snapshot directory (created atomically)")
-    if seed is not None:
+    default = {f.name: f.default for f in fields(spec_cls)} if spec_cls is not None else {}
+    if spec_cls is not None:
+        seed, source = default["seed"], default["source"]
         parser.add_argument("--seed", type=int, default=seed, help=f"shuffle seed (default {seed})")
         parser.add_argument(
             "--revision", default=None, help="commit sha, branch, or main/latest (default: main)"
         )
         parser.add_argument("--source", default=source, help=f"Hub dataset id (default {source})")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    return default
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``materialize`` and ``hub`` to the `puzzletron-data` parser."""
+    from puzzletron.dataset.acquisition import (
+        TextAcquisitionSpec,
+        VlmAcquisitionSpec,
+        materialize_intersyn_subset,
+    )
+
     materialize = sub.add_parser("materialize", help="take a bounded, pinned snapshot of a Hub dataset")
     datasets = materialize.add_subparsers(dest="dataset", required=True, metavar="DATASET")
 
     pkd = datasets.add_parser("puzzle-kd", help="Puzzle-KD train/validation splits (datasets save_to_disk)")
-    _common(pkd, seed=408, source="nvidia/Puzzle-KD-Nemotron-Post-Training-Dataset-v2")
-    pkd.add_argument("--train-samples", type=int, default=8192)
-    pkd.add_argument("--validation-samples", type=int, default=1024)
+    _flags(pkd, _common(pkd, TextAcquisitionSpec), "train_samples", "validation_samples")
     pkd.set_defaults(handler=_puzzle_kd)
 
     vlm = datasets.add_parser("nemotron-vlm", help="Nemotron-VLM image conversations (conversation subset)")
-    _common(vlm, seed=42, source="nvidia/Nemotron-VLM-Dataset-v2")
+    vlm_defaults = _common(vlm, VlmAcquisitionSpec)
     vlm.add_argument(
         "--subset", action="append", help="subset name (repeatable; default the three image subsets)"
     )
     vlm.add_argument("--subset-rows", action="append", metavar="NAME=ROWS", help="subset weight (repeatable)")
-    vlm.add_argument("--num-samples", type=int, default=512)
-    vlm.add_argument("--max-shards-per-subset", type=int, default=1)
+    _flags(vlm, vlm_defaults, "num_samples", "max_shards_per_subset")
     vlm.set_defaults(handler=_nemotron)
 
-    from puzzletron.dataset.acquisition import (
-        INTERSYN_MULTI_REVISION,
-        INTERSYN_MULTI_SOURCE,
-        INTERSYN_SINGLE_REVISION,
-        INTERSYN_SINGLE_SOURCE,
-    )
-
     inter = datasets.add_parser("intersyn", help="the pinned InterSyn acceptance subset")
-    _common(inter, seed=None, source=None)
-    inter.add_argument("--rows-per-source", type=int, default=8)
-    inter.add_argument("--single-turn-source", default=INTERSYN_SINGLE_SOURCE)
-    inter.add_argument("--single-turn-revision", default=INTERSYN_SINGLE_REVISION)
-    inter.add_argument("--multi-turn-source", default=INTERSYN_MULTI_SOURCE)
-    inter.add_argument("--multi-turn-revision", default=INTERSYN_MULTI_REVISION)
+    _common(inter, None)
+    pins = {n: p.default for n, p in signature(materialize_intersyn_subset).parameters.items()}
+    _flags(inter, pins, "rows_per_source", "single_turn_source", "single_turn_revision")
+    _flags(inter, pins, "multi_turn_source", "multi_turn_revision")
     inter.set_defaults(handler=_intersyn)
 
     hub = sub.add_parser("hub", help="fixture Hub repositories and a loopback Hub mirror")

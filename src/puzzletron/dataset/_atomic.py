@@ -82,7 +82,7 @@ def _normal(destination: Path) -> Path:
 
 
 def _key(destination: Path) -> str:
-    return str(Path(os.path.abspath(destination)))
+    return str(_normal(destination))
 
 
 def sweep_stale(destination: Path) -> list[Path]:

@@ -61,6 +61,16 @@ def extension_for(fmt: str) -> str:
     return _EXTENSIONS.get(fmt.upper(), f".{fmt.lower()}")
 
 
+def _check_pixels(width: int, height: int, where: str) -> None:
+    """Refuse an image of more than ``Image.MAX_IMAGE_PIXELS`` pixels (a decompression bomb)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
+        raise ImageError(
+            f"{where}: decompression bomb: {width}x{height} = {width * height} pixels exceeds "
+            f"Image.MAX_IMAGE_PIXELS = {limit}"
+        )
+
+
 def _decode(data: bytes, where: str) -> tuple[str, int, int]:
     """Fully decode `data` (format, width, height); raise `ImageError` naming `where` on any defect."""
     if not data:
@@ -70,12 +80,7 @@ def _decode(data: bytes, where: str) -> tuple[str, int, int]:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as img:
                 fmt, (width, height) = img.format, img.size
-                limit = Image.MAX_IMAGE_PIXELS
-                if limit is not None and width * height > limit:
-                    raise ImageError(
-                        f"{where}: decompression bomb: {width}x{height} = {width * height} pixels exceeds "
-                        f"Image.MAX_IMAGE_PIXELS = {limit}"
-                    )
+                _check_pixels(width, height, where)
                 img.load()
                 frames = getattr(img, "n_frames", 1)
                 for frame in range(1, frames):
@@ -106,11 +111,7 @@ def _kept(data: bytes, where: str) -> EncodedImage:
 
 def _png(img: Image.Image, where: str) -> EncodedImage:
     width, height = img.size
-    limit = Image.MAX_IMAGE_PIXELS
-    if limit is not None and width * height > limit:
-        raise ImageError(
-            f"{where}: decompression bomb: {width}x{height} exceeds Image.MAX_IMAGE_PIXELS = {limit}"
-        )
+    _check_pixels(width, height, where)
     if img.mode not in _PNG_MODES:
         img = img.convert("RGBA" if "A" in img.getbands() else "RGB")
     buffer = io.BytesIO()

@@ -11,7 +11,7 @@ The normalised record::
 
 Image values are passed through untouched (a PIL image, an HF `{"bytes", "path"}` struct, bytes or a local
 path); decoding is the materialiser's job. Every error is a `ConversationError` naming the dataset, the row
-id and the field.
+id and the field. The source schemas (and the pinned InterSyn revisions defined here): ``docs/sources.md``.
 """
 
 from __future__ import annotations

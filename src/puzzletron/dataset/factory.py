@@ -17,7 +17,6 @@ offset index, so building a dataset over a large subset parses no samples.
 from __future__ import annotations
 
 import copy
-import difflib
 import operator
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,8 +24,9 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from puzzletron.dataset._checks import did_you_mean, require_bool, require_int
 from puzzletron.dataset.errors import ConfigError, ConversationError
-from puzzletron.dataset.subset import SubsetReader
+from puzzletron.dataset.formats.subset_reader import SubsetReader
 
 __all__ = ["ConversationDataset", "load_materialized_conversation_dataset", "round_robin_order"]
 
@@ -77,20 +77,10 @@ class ConversationDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if isinstance(index, bool):
-            raise TypeError("dataset index must be an integer, got a bool")
+            raise TypeError("dataset index must be an integer, got a bool")  # the sequence protocol's error
         sample = self._samples[self._order[operator.index(index)]]
         # A SubsetReader already returns a fresh dict per call; an in-memory list must not leak its own.
         return sample if isinstance(self._samples, SubsetReader) else copy.deepcopy(dict(sample))
-
-
-def _check_int(name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(f"{name} must be a positive integer or None, got {value!r}")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if value is not None and not isinstance(value, bool):
-        raise ConfigError(f"{name} must be true, false or None, got {value!r}")
 
 
 def load_materialized_conversation_dataset(
@@ -113,23 +103,22 @@ def load_materialized_conversation_dataset(
     `path_or_dataset` is a subset directory or an in-memory sequence of normalised samples.
     """
     if unknown:
-        hints = []
-        for name in sorted(unknown):
-            close = difflib.get_close_matches(name, (*_OPTIONS, "path_or_dataset"), n=1)
-            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise TypeError(
+        hints = [f"{name!r}{did_you_mean(name, (*_OPTIONS, 'path_or_dataset'))}" for name in sorted(unknown)]
+        raise TypeError(  # the seed API: an unknown keyword is a TypeError, as for any Python call
             "load_materialized_conversation_dataset() got unknown option(s): "
             + ", ".join(hints)
             + f"; accepted options are {', '.join(_OPTIONS)}"
         )
     for name, value in (("num_samples", num_samples), ("seq_length", seq_length), ("max_length", max_length)):
-        _check_int(name, value)
+        if value is not None:
+            require_int(value, name, minimum=1, error=ConfigError)
     for name, value in (
         ("pretokenize", pretokenize),
         ("truncate", truncate),
         ("inject_fake_images", inject_fake_images),
     ):
-        _check_bool(name, value)
+        if value is not None:
+            require_bool(value, name, error=ConfigError)
     if isinstance(path_or_dataset, str | Path):
         samples: Sequence[Mapping[str, Any]] = SubsetReader(path_or_dataset)
         groups = samples.groups()
@@ -137,7 +126,7 @@ def load_materialized_conversation_dataset(
         samples = path_or_dataset
         groups = _group_ids(samples)
     else:
-        raise TypeError(
+        raise ConfigError(
             "path_or_dataset must be a subset directory or a sequence of samples, "
             f"got {type(path_or_dataset).__name__}"
         )

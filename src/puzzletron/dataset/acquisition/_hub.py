@@ -1,5 +1,5 @@
 """Everything that talks to the Hugging Face Hub (or a mirror of it): the only module importing
-`huggingface_hub`.
+`huggingface_hub`. What it relies on of the Hub and of mirrors: ``docs/sources.md``.
 
 Files are fetched whole with `hf_hub_download` (cached under ``$HF_HOME/hub``, resumable) and read
 locally: mirrors and proxies often ignore HTTP ``Range`` and answer with the whole file, which breaks any
@@ -180,9 +180,16 @@ def split_patterns(source: str, revision: str) -> dict[str, list[str]]:
     for config in card.get("configs") or []:
         if config.get("config_name", "default") != "default":
             continue
-        for entry in config.get("data_files") or []:
-            paths = entry.get("path")
-            out[entry["split"]] = [paths] if isinstance(paths, str) else list(paths)
+        entries = config.get("data_files") or []
+        for entry in [entries] if isinstance(entries, str | dict) else entries:
+            fields = entry if isinstance(entry, dict) else {}
+            split, paths = fields.get("split"), fields.get("path")
+            if not isinstance(split, str) or not isinstance(paths, str | list):
+                raise AcquisitionError(
+                    f"{source}@{revision} on {endpoint()}: the dataset card's configs: block has a "
+                    f"data_files entry without a split name and path(s): {entry!r}"
+                )
+            out[split] = [paths] if isinstance(paths, str) else list(paths)
     return out
 
 

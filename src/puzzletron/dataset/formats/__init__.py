@@ -1,0 +1,147 @@
+"""Every on-disk format of the data stage, and `verify` / `describe` dispatching on the manifest.
+
+Each snapshot is a directory whose ``manifest.json`` names its format (``"format"``) and version:
+
+================================== ============================== =====================================
+``format``                         written by                     documented in
+================================== ============================== =====================================
+``puzzletron-conversation-subset`` `subset_writer`                ``docs/subset-format.md``
+``puzzletron-text-snapshot``       `text_snapshot`                ``docs/text-snapshot-format.md``
+================================== ============================== =====================================
+
+Detection (`detect`): the manifest's ``format`` when it has one (an unknown name is an error). Manifests
+written before formats were named have none; for them each format's ``unnamed`` rule decides: ``splits``
+and no ``images`` is a text snapshot (version 1), ``images`` is a conversation subset (the original
+layout). Adding a format is one entry in `FORMATS`.
+
+>>> sorted(FORMATS)
+['puzzletron-conversation-subset', 'puzzletron-text-snapshot']
+>>> format_of({"format": "puzzletron-text-snapshot", "version": 1})
+'puzzletron-text-snapshot'
+>>> format_of({"version": 1, "splits": {"train": 3}, "files": []})
+'puzzletron-text-snapshot'
+>>> format_of({"version": 1, "sample_count": 0, "image_count": 0, "images": []})
+'puzzletron-conversation-subset'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from puzzletron.dataset.errors import SubsetError
+from puzzletron.dataset.formats._manifest import MANIFEST, VerifyReport, load_json
+from puzzletron.dataset.formats._subset_layout import SUBSET_FORMAT, is_original_layout
+from puzzletron.dataset.formats.subset_verify import (
+    describe_subset,
+    render_subset,
+    verify_subset,
+)
+from puzzletron.dataset.formats.text_snapshot import (
+    TEXT_SNAPSHOT_FORMAT,
+    describe_text_snapshot,
+    is_unnamed_text_snapshot,
+    render_text_snapshot,
+    verify_text_snapshot,
+)
+
+__all__ = [
+    "FORMATS",
+    "MANIFEST",
+    "Format",
+    "VerifyReport",
+    "describe",
+    "detect",
+    "format_of",
+    "render",
+    "summary",
+    "verify",
+]
+
+
+@dataclass(frozen=True)
+class Format:
+    """What the command line and callers need of one on-disk format."""
+
+    verify: Callable[[Path], VerifyReport]  # every byte; never raises for a damaged snapshot
+    describe: Callable[[Path], dict[str, Any]]  # a JSON-ready summary with a "format" key
+    render: Callable[[Mapping[str, Any]], list[str]]  # `describe`'s summary as lines of text
+    counts: str  # what a report counted, filled from its fields: "{sample_count} samples, ..."
+    unnamed: Callable[[Mapping[str, Any]], bool] | None = None  # recognises manifests without "format"
+
+
+def _unnamed_subset(manifest: Mapping[str, Any]) -> bool:
+    return is_original_layout(manifest) and "images" in manifest
+
+
+FORMATS: dict[str, Format] = {
+    SUBSET_FORMAT: Format(
+        verify_subset,
+        describe_subset,
+        render_subset,
+        "{sample_count} samples, {image_count} images",
+        _unnamed_subset,
+    ),
+    TEXT_SNAPSHOT_FORMAT: Format(
+        verify_text_snapshot,
+        describe_text_snapshot,
+        render_text_snapshot,
+        "{sample_count} rows",
+        is_unnamed_text_snapshot,
+    ),
+}
+
+
+def format_of(manifest: Any, where: str = MANIFEST) -> str:
+    """The format name of a parsed manifest (the documented detection above); `SubsetError` if none."""
+    if not isinstance(manifest, Mapping):
+        raise SubsetError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
+    name = manifest.get("format")
+    if name is None:
+        for candidate, entry in FORMATS.items():
+            if entry.unnamed is not None and entry.unnamed(manifest):
+                return candidate
+        raise SubsetError(
+            f"{where}: no 'format', and not a manifest of a known format ({', '.join(FORMATS)})"
+        )
+    if name not in FORMATS:
+        raise SubsetError(f"{where}: unknown format {name!r}; this code reads {', '.join(FORMATS)}")
+    return name
+
+
+def detect(path: str | Path) -> str:
+    """The format name of the snapshot at `path`, read from its ``manifest.json``."""
+    manifest_path = Path(path).absolute() / MANIFEST
+    return format_of(load_json(manifest_path, "the manifest"), str(manifest_path))
+
+
+def verify(path: str | Path) -> VerifyReport:
+    """Verify the snapshot at `path` with its format's verifier; a directory whose format cannot be told
+    is a report with that one problem (never an exception)."""
+    root = Path(path).absolute()
+    try:
+        name = detect(root)
+    except SubsetError as exc:
+        return VerifyReport(str(root), 0, 0, (str(exc),))
+    return FORMATS[name].verify(root)
+
+
+def describe(path: str | Path) -> dict[str, Any]:
+    """The summary of the snapshot at `path` its format gives (``format`` names it); `SubsetError` when the
+    directory holds no snapshot of a known format."""
+    root = Path(path).absolute()
+    return FORMATS[detect(root)].describe(root)
+
+
+def summary(report: VerifyReport) -> str:
+    """What `report` counted, in its format's words (``"3 samples, 4 images"``, ``"5 rows"``)."""
+    entry = FORMATS.get(report.format)
+    template = entry.counts if entry is not None else "{sample_count} items"
+    return template.format(sample_count=report.sample_count, image_count=report.image_count)
+
+
+def render(info: Mapping[str, Any]) -> list[str]:
+    """A `describe` summary as lines of text, in its format's layout."""
+    return FORMATS[info["format"]].render(info)

@@ -1,0 +1,270 @@
+"""Read an offline conversation subset: its manifest (with the completeness check), lazily sample by
+sample (`SubsetReader`), or whole (`load_materialized_conversation_subset`).
+
+The format: ``docs/subset-format.md``. The original layout (a ``samples.json`` array, no ``format`` in the
+manifest) is read unchanged.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import copy
+import json
+import operator
+import os
+import struct
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from puzzletron.dataset.errors import SubsetError
+from puzzletron.dataset.formats._manifest import MANIFEST, check_file, inside, load_json
+from puzzletron.dataset.formats._subset_layout import (
+    IDX_HEADER,
+    IDX_MAGIC,
+    INDEX,
+    LEGACY_SAMPLES,
+    SAMPLES,
+    SUBSET_FORMAT,
+    SUBSET_FORMAT_VERSION,
+    image_items,
+    is_original_layout,
+    label,
+    little_endian,
+)
+
+__all__ = [
+    "SubsetReader",
+    "load_materialized_conversation_subset",
+    "load_materialized_intersyn_subset",
+    "read_manifest",
+]
+
+
+def _check_format(root: Path, manifest: Mapping[str, Any]) -> None:
+    """Refuse a manifest of another format or of a subset version this code does not read."""
+    fmt = manifest.get("format")
+    if fmt is not None and fmt != SUBSET_FORMAT:
+        raise SubsetError(f"{root / MANIFEST}: a {fmt!r} manifest, not a conversation subset")
+    if fmt is not None and manifest.get("version") != SUBSET_FORMAT_VERSION:
+        raise SubsetError(
+            f"{root / MANIFEST}: format version {manifest.get('version')!r} is not supported "
+            f"(this code reads {SUBSET_FORMAT_VERSION} and the original layout)"
+        )
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest of the complete subset at `path`; `SubsetError` saying what is missing otherwise.
+
+    Complete means: the manifest parses, and the sample file, the index and every image it lists exist with
+    their recorded sizes. (Hashes are checked by `verify_subset`, which reads every byte.)
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise SubsetError(f"{root}: no subset directory there")
+    manifest = load_json(root / MANIFEST, "the manifest")
+    if not isinstance(manifest, dict):
+        raise SubsetError(f"{root / MANIFEST}: expected a JSON object, got {type(manifest).__name__}")
+    _check_format(root, manifest)
+    for key in ("sample_count", "image_count", "images"):
+        if key not in manifest:
+            raise SubsetError(f"{root / MANIFEST}: missing field {key!r}")
+    if is_original_layout(manifest):
+        if not (root / LEGACY_SAMPLES).is_file():
+            raise SubsetError(f"{root}: {LEGACY_SAMPLES} is missing")
+    else:
+        check_file(root, manifest.get("samples"), "sample file")
+        check_file(root, manifest.get("index"), "sample index")
+    if not isinstance(manifest["images"], list) or len(manifest["images"]) != manifest["image_count"]:
+        raise SubsetError(
+            f"{root / MANIFEST}: 'images' does not list image_count={manifest['image_count']} images"
+        )
+    for record in manifest["images"]:
+        where = "image"
+        if isinstance(record, Mapping):
+            where = f"image of sample {record.get('sample_index')} (row {record.get('row_id')!r})"
+        check_file(root, record, where)
+    return manifest
+
+
+class SubsetReader(Sequence):
+    """Random access to the samples of a subset without parsing the whole sample file.
+
+    `reader[i]` reads one line through the offset index and returns a fresh sample dict whose image items
+    hold absolute paths (checked to exist and to stay inside the subset). Original-layout subsets are read
+    whole (they are small). Safe to share with forked DataLoader workers (positional reads only).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.root = Path(path).absolute()
+        self._manifest: dict[str, Any] | None = None
+        self._legacy: list[dict[str, Any]] | None = None
+        self._fds: tuple[int, int] | None = None
+        if not (self.root / MANIFEST).is_file():
+            raise SubsetError(f"{self.root}: no {MANIFEST}; not a complete subset")
+        if (self.root / INDEX).is_file() and (self.root / SAMPLES).is_file():
+            self._open()
+        elif (self.root / LEGACY_SAMPLES).is_file():
+            samples = load_json(self.root / LEGACY_SAMPLES, "the sample list")
+            if not isinstance(samples, list):
+                raise SubsetError(f"{self.root / LEGACY_SAMPLES}: expected a JSON array of samples")
+            self._legacy = samples
+            self._count = len(samples)
+            self._group_count = len(set(map(self._group_key, enumerate(samples))))
+        else:
+            raise SubsetError(f"{self.root}: neither {SAMPLES} + {INDEX} nor {LEGACY_SAMPLES}; not a subset")
+
+    @staticmethod
+    def _group_key(entry: tuple[int, Any]) -> tuple[str, str]:
+        index, sample = entry
+        source = sample.get("source") if isinstance(sample, Mapping) else None
+        if not isinstance(source, Mapping):
+            raise SubsetError(
+                f"sample {index}: missing 'source' mapping; cannot group by dataset and revision"
+            )
+        return (str(source.get("dataset")), str(source.get("revision")))
+
+    def _open(self) -> None:
+        index_fd = os.open(self.root / INDEX, os.O_RDONLY | os.O_CLOEXEC)
+        samples_fd = os.open(self.root / SAMPLES, os.O_RDONLY | os.O_CLOEXEC)
+        self._fds = (index_fd, samples_fd)
+        header = os.pread(index_fd, IDX_HEADER.size, 0)
+        if len(header) != IDX_HEADER.size or header[:8] != IDX_MAGIC:
+            self.close()
+            raise SubsetError(f"{self.root / INDEX}: not a sample index (bad header)")
+        _, count, group_count = IDX_HEADER.unpack(header)
+        expected = IDX_HEADER.size + 8 * (count + 1) + 4 * count
+        actual = os.fstat(index_fd).st_size
+        if actual != expected:
+            self.close()
+            raise SubsetError(f"{self.root / INDEX}: {actual} bytes, expected {expected} for {count} samples")
+        self._count, self._group_count = count, group_count
+        end = self.offset(count)
+        if os.fstat(samples_fd).st_size != end:
+            size = os.fstat(samples_fd).st_size
+            self.close()
+            raise SubsetError(f"{self.root / SAMPLES}: {size} bytes, the index ends at byte {end}")
+
+    def _fd(self, which: int) -> int:
+        if self._fds is None:
+            self._open()
+        return self._fds[which]  # type: ignore[index]
+
+    def offset(self, i: int) -> int:
+        """Where line `i` of ``samples.jsonl`` starts, as the index says (``i == len(self)``: its end)."""
+        return struct.unpack("<Q", os.pread(self._fd(0), 8, IDX_HEADER.size + 8 * i))[0]
+
+    def close(self) -> None:
+        """Close the file descriptors (reopened on the next access)."""
+        if self._fds is not None:
+            for fd in self._fds:
+                os.close(fd)
+            self._fds = None
+
+    def __enter__(self) -> SubsetReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fds": None}
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def group_count(self) -> int:
+        """Number of distinct `(source.dataset, source.revision)` groups."""
+        return self._group_count
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The parsed manifest (read on first use: it lists every image)."""
+        if self._manifest is None:
+            self._manifest = read_manifest(self.root)
+        return self._manifest
+
+    def groups(self) -> list[int]:
+        """Per sample, its group id; ids number groups in order of first appearance (0, 1, ...)."""
+        if self._legacy is not None:
+            ids: dict[tuple[str, str], int] = {}
+            return [ids.setdefault(self._group_key(e), len(ids)) for e in enumerate(self._legacy)]
+        start = IDX_HEADER.size + 8 * (self._count + 1)
+        raw = os.pread(self._fd(0), 4 * self._count, start)
+        values = array.array("I")
+        values.frombytes(raw)
+        return list(little_endian(values))
+
+    def raw(self, i: int) -> dict[str, Any]:
+        """Sample `i` as stored (image paths relative to the subset)."""
+        if isinstance(i, bool):
+            raise TypeError("sample index must be an integer, got a bool")  # the sequence protocol's error
+        i = operator.index(i)  # ints, numpy and torch integer scalars
+        if not -self._count <= i < self._count:
+            raise IndexError(f"sample index {i} out of range for a subset of {self._count} samples")
+        i %= self._count
+        if self._legacy is not None:
+            return copy.deepcopy(self._legacy[i])
+        start, end = struct.unpack("<QQ", os.pread(self._fd(0), 16, IDX_HEADER.size + 8 * i))
+        line = os.pread(self._fd(1), end - start, start)
+        try:
+            sample = json.loads(line)
+        except ValueError as exc:
+            raise SubsetError(
+                f"{self.root / SAMPLES}: sample {i} (bytes {start}..{end}) is not JSON: {exc}"
+            ) from exc
+        if not isinstance(sample, dict):
+            raise SubsetError(f"{self.root / SAMPLES}: sample {i} is not a JSON object")
+        return sample
+
+    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+        sample = self.raw(i)
+        name = label(i % self._count, sample)
+        for field, item in image_items(sample):
+            path = inside(self.root, item.get("image"), f"{self.root}: {name} {field}")
+            if not path.is_file():
+                raise SubsetError(f"{self.root}: {name} {field}: image file {item.get('image')!r} is missing")
+            item["image"] = str(path)
+        return sample
+
+
+def load_materialized_conversation_subset(output_dir: str | Path) -> list[dict[str, Any]]:
+    """Load a materialized conversation subset without contacting Hugging Face.
+
+    Returns every sample with absolute image paths, after checking the counts, that each sample's images are
+    the manifest's images (in order) and that every image file exists with its recorded size.
+    """
+    root = Path(output_dir).absolute()
+    manifest = read_manifest(root)
+    expected = {(r["sample_index"], r["image_index"]): r for r in manifest["images"]}
+    samples = []
+    with SubsetReader(root) as reader:
+        if len(reader) != manifest["sample_count"]:
+            raise SubsetError(
+                f"{root}: {len(reader)} samples on disk, the manifest records {manifest['sample_count']}"
+            )
+        for i in range(len(reader)):
+            sample = reader[i]
+            for k, (field, item) in enumerate(image_items(sample)):
+                record = expected.pop((i, k), None)
+                if record is None or str(root / record["path"]) != item["image"]:
+                    raise SubsetError(
+                        f"{root}: {label(i, sample)} {field}: image {item['image']!r} is not the manifest's "
+                        f"image {k} of that sample ({record and record['path']!r})"
+                    )
+            samples.append(sample)
+    if expected:
+        missing = sorted(expected)[:5]
+        raise SubsetError(f"{root}: the manifest lists images that no sample uses: {missing}")
+    return samples
+
+
+def load_materialized_intersyn_subset(output_dir: str | Path) -> list[dict[str, Any]]:
+    """Compatibility wrapper for the original InterSyn loader."""
+    return load_materialized_conversation_subset(output_dir)
