@@ -1,4 +1,4 @@
-"""`puzzletron-data demo` end to end in a subprocess, and `pack-report` drawing a PNG."""
+"""`puzzletron-data demo` end to end in a subprocess (`pack-report` is in test_pack_report.py)."""
 
 from __future__ import annotations
 
@@ -114,44 +114,6 @@ def test_demo_is_deterministic_for_a_seed(demo, tmp_path):
     assert prints(first.stdout) == prints(again.stdout)
 
 
-@pytest.mark.slow
-def test_pack_report_writes_a_png_and_prints_the_numbers(demo, tmp_path):
-    _, workdir = demo
-    out = tmp_path / "report.png"
-    result = _run(
-        [
-            "pack-report",
-            str(workdir / "snapshots" / "puzzle-kd"),
-            "--tokenizer",
-            str(workdir / "tokenizer"),
-            "--pack-size",
-            "4096",
-            "--out",
-            str(out),
-        ],
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-    assert re.search(r"^rows\s+\d+ \(lower bound \d+\)$", result.stdout, flags=re.M)
-    assert re.search(r"^efficiency\s+\d+\.\d+%", result.stdout, flags=re.M)
-    assert "512 rows" in result.stdout
-
-
-def test_pack_report_errors_are_one_line_with_the_documented_exit_codes(tmp_path, capsys):
-    from puzzletron.cli import main
-
-    missing = tmp_path / "no-snapshot"
-    args = ["pack-report", str(missing), "--tokenizer", str(tmp_path), "--out", str(tmp_path / "r.png")]
-    assert main([*args, "--pack-size", "64"]) == 1
-    err = capsys.readouterr().err
-    assert err == f"puzzletron-data pack-report: text snapshot {missing} does not exist\n"
-    assert main([*args, "--pack-size", "0"]) == 2  # a usage error, reported before any work
-    err = capsys.readouterr().err
-    assert err == "puzzletron-data pack-report: data.packing.pack_size must be > 0; got 0\n"
-    assert not (tmp_path / "r.png").exists()
-
-
 def _children(pid: int) -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -196,15 +158,11 @@ def test_demo_stopped_with_sigterm_stops_its_hub_server(tmp_path):
     assert not leaked, "the hub server outlived the demo"
 
 
-@pytest.mark.parametrize(
-    "command",
-    [["demo"], ["pack-report", "snap", "--tokenizer", "tok", "--pack-size", "8", "--out", "r.png"]],
-)
-def test_a_negative_seed_is_a_usage_error(command, capsys):
+def test_a_negative_seed_is_a_usage_error(capsys):
     from puzzletron.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main([*command, "--seed", "-1"])
+        main(["demo", "--seed", "-1"])
     assert exit_info.value.code == 2
     assert "--seed: must be an int >= 0, got '-1'" in capsys.readouterr().err
 

@@ -1,4 +1,4 @@
-"""`puzzletron-data demo` and `puzzletron-data pack-report`.
+"""`puzzletron-data demo`: the data stage end to end on the built-in fixture Hub.
 
 ``demo`` runs the data stage end to end on the built-in fixture Hub, offline, in a temporary folder (or
 ``--workdir``): check the batch contract on synthetic tensors, generate the fixture repositories and serve
@@ -11,8 +11,7 @@ the Hub, the snapshot, the batches) and are counted in the report, and the exit 
 of an earlier run is reused (its Hub and snapshots) only when that run used the same ``--seed``; any other
 ``hub/`` there fails stage 2. Ctrl-C or SIGTERM stops the Hub server on the way out.
 
-``pack-report`` plans the packing of a tokenised snapshot split and draws it (rows as bars split by sample,
-and the length histogram) into a PNG; the numbers go to stdout.
+The DP x CP x PP check is `puzzletron.dataset.sharding.check_sharding`.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+
+from puzzletron.cli._args import seed_type
 
 __all__ = ["register"]
 
@@ -60,9 +60,8 @@ class _Demo:
     stack: contextlib.ExitStack
     hub_dir: Path | None = None
     text_dir: Path | None = None
-    batches: Any = None  # TextBatches of DP rank 0
-    first_batch: Any = None  # rank 0's first batch of epoch 0
-    facts: dict[str, Any] = field(default_factory=dict)
+    batches: Any = None  # TextBatches of DP rank 0 (its tokenised samples and packing plan fill the report)
+    first_batches: list[Any] = field(default_factory=list)  # each DP rank's first batch of epoch 0
 
 
 def _run_stage(number: int, name: str, body: Callable[[_Stage], None]) -> _Stage:
@@ -91,67 +90,6 @@ def _fp(batch: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Sharding: DP x CP x PP and back
-
-
-def _cp_indices(batch: Any, *, cp_rank: int, cp_size: int) -> torch.Tensor:
-    """Load-balanced (zigzag, per document) CP token indices of ``batch``."""
-    from puzzletron.dataset.parallel import batch_cp_indices
-
-    return batch_cp_indices(batch, cp_rank=cp_rank, cp_size=cp_size)
-
-
-def check_sharding(batch: Any, *, dp: int, cp: int, pp: int) -> list[str]:
-    """Split ``batch`` over DP, then each DP shard over CP and PP; check each split reassembles exactly.
-
-    Returns report lines (shard fingerprints); raises ``AssertionError`` naming what did not reassemble.
-    """
-    lines = []
-    shards = [batch.dp_slice(dp_rank=r, dp_size=dp) for r in range(dp)]
-    # One packed row is split by whole samples along the tokens (trailing pack padding dropped); several
-    # rows are split into contiguous row blocks.
-    axis = 1 if batch.batch_size == 1 and dp > 1 else 0
-    width = int(batch.sequence.global_cu_seqlens[-1]) if axis == 1 else batch.sequence_length
-    for name in ("input_ids", "labels"):
-        joined = torch.cat([getattr(s, name) for s in shards], dim=axis)
-        if not torch.equal(joined, getattr(batch, name)[:, :width]):
-            raise AssertionError(f"DP shards do not concatenate back to the batch's {name}")
-    lines.append(f"dp={dp}: " + " ".join(_fp(s) for s in shards))
-    for r, shard in enumerate(shards):
-        # CP: every rank's gathered tokens, scattered back to their positions, rebuild the shard.
-        rebuilt_ids = torch.full_like(shard.input_ids, -7)
-        rebuilt_labels = torch.full_like(shard.labels, -7)
-        seen = torch.zeros(shard.sequence_length, dtype=torch.long)
-        prints = []
-        for c in range(cp):
-            index = _cp_indices(shard, cp_rank=c, cp_size=cp)
-            part = shard.cp_partition(index, cp_rank=c, cp_size=cp)
-            rebuilt_ids[:, index] = part.input_ids
-            rebuilt_labels[:, index] = part.labels
-            seen[index] += 1
-            prints.append(_fp(part))
-        if not (torch.all(seen == 1) and torch.equal(rebuilt_ids, shard.input_ids)):
-            raise AssertionError(f"CP partitions of DP shard {r} do not reassemble its input_ids")
-        if not torch.equal(rebuilt_labels, shard.labels):
-            raise AssertionError(f"CP partitions of DP shard {r} do not reassemble its labels")
-        from puzzletron.dataset.parallel import gather_cp_partitions
-
-        indices = [_cp_indices(shard, cp_rank=c, cp_size=cp) for c in range(cp)]
-        gathered = gather_cp_partitions(
-            [shard.cp_partition(i, cp_rank=c, cp_size=cp) for c, i in enumerate(indices)], indices
-        )
-        for name in ("input_ids", "labels", "hidden_mask"):
-            if not torch.equal(getattr(gathered, name), getattr(shard, name)):
-                raise AssertionError(f"gather_cp_partitions of DP shard {r} does not rebuild its {name}")
-        # PP: microbatches are contiguous row groups.
-        micro = shard.pp_microbatches(pp) if shard.batch_size >= pp else (shard,)
-        if not torch.equal(torch.cat([m.input_ids for m in micro]), shard.input_ids):
-            raise AssertionError(f"PP microbatches of DP shard {r} do not reassemble its input_ids")
-        lines.append(f"  dp{r}: cp={cp} " + " ".join(prints) + f" | pp={len(micro)} microbatches ok")
-    return lines
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Stages
 
 
@@ -159,6 +97,7 @@ def _synthetic(demo: _Demo, st: _Stage) -> None:
     """The batch contract on synthetic samples: pack, shard over DP x CP x PP, reassemble."""
     from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
     from puzzletron.dataset.packing import TokenizedSamples, build_batch, plan_packing
+    from puzzletron.dataset.sharding import check_sharding
 
     rng = np.random.default_rng(demo.seed)
     lengths = np.clip(np.rint(rng.lognormal(np.log(60), 0.8, size=64)), 2, 256).astype(np.int64)
@@ -282,17 +221,6 @@ def _tokenize_and_pack(demo: _Demo, st: _Stage) -> None:
         f"{plan.lower_bound_rows}), efficiency {plan.efficiency:.2%}"
     )
     demo.batches = batches
-    demo.facts.update(
-        samples=len(samples),
-        skipped=batches.tokenized.skipped,
-        tokens=tokens,
-        dropped=len(plan.dropped),
-        dropped_tokens=plan.dropped_tokens,
-        packed_tokens=plan.total_tokens,
-        rows=plan.num_rows,
-        bound=plan.lower_bound_rows,
-        efficiency=plan.efficiency,
-    )
 
 
 def _deal(demo: _Demo, st: _Stage) -> None:
@@ -317,12 +245,13 @@ def _deal(demo: _Demo, st: _Stage) -> None:
     if sorted(packs) != list(range(plan.num_rows)) or sorted(docs) != placed:
         raise AssertionError("the sampler did not deal every pack and every packed sample exactly once")
     st.lines.append(f"every one of {plan.num_rows} packs ({len(placed)} samples) dealt exactly once")
-    demo.first_batch = firsts[0]
-    demo.facts.update(fingerprints=[_fp(b) for b in firsts], steps=len(batches))
+    demo.first_batches = firsts
 
 
 def _shard(demo: _Demo, st: _Stage) -> None:
-    st.lines.extend(check_sharding(demo.first_batch, dp=DP, cp=CP, pp=PP))
+    from puzzletron.dataset.sharding import check_sharding
+
+    st.lines.extend(check_sharding(demo.first_batches[0], dp=DP, cp=CP, pp=PP))
 
 
 STAGES: tuple[tuple[str, Callable[[_Demo, _Stage], None]], ...] = (
@@ -338,21 +267,22 @@ STAGES: tuple[tuple[str, Callable[[_Demo, _Stage], None]], ...] = (
 
 
 def _print_report(demo: _Demo, stages: list[_Stage], total: float) -> None:
-    f = demo.facts
     print("\nreport")
-    if "rows" in f:
+    if demo.batches is not None:
+        tokenized, plan = demo.batches.tokenized, demo.batches.plan
+        tokens = int(tokenized.samples.lengths.sum())
         print(
-            f"  text split    {f['samples']} samples, {f['tokens']:,} tokens "
-            f"({f['skipped']} rows skipped: no supervised token)"
+            f"  text split    {len(tokenized.samples)} samples, {tokens:,} tokens "
+            f"({tokenized.skipped} rows skipped: no supervised token)"
         )
         print(
-            f"  packing       {f['rows']} rows of {PACK_SIZE} (lower bound {f['bound']}), efficiency "
-            f"{f['efficiency']:.2%}; {f['packed_tokens']:,} tokens packed, {f['dropped']} samples "
-            f"({f['dropped_tokens']:,} tokens) dropped as longer than pack_size"
+            f"  packing       {plan.num_rows} rows of {PACK_SIZE} (lower bound {plan.lower_bound_rows}), "
+            f"efficiency {plan.efficiency:.2%}; {plan.total_tokens:,} tokens packed, {len(plan.dropped)} "
+            f"samples ({plan.dropped_tokens:,} tokens) dropped as longer than pack_size"
         )
-    if "fingerprints" in f:
-        print(f"  sampler       {f['steps']} steps per epoch on each of {DP} DP ranks")
-        print("  first batch per DP rank: " + "  ".join(f["fingerprints"]))
+    if demo.first_batches:
+        print(f"  sampler       {len(demo.batches)} steps per epoch on each of {DP} DP ranks")
+        print("  first batch per DP rank: " + "  ".join(_fp(b) for b in demo.first_batches))
     print("  time per stage")
     for number, s in enumerate(stages, 1):
         print(f"  {s.status:>4}  {s.seconds:7.2f} s  [{number}] {s.name}")
@@ -405,28 +335,25 @@ def _exit_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _hf_env(workdir: Path, endpoint: str) -> contextlib.AbstractContextManager[None]:
-    @contextlib.contextmanager
-    def env() -> Iterator[None]:
-        saved = {
-            k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")
-        }
-        os.environ.update(
-            HF_ENDPOINT=endpoint,
-            HF_HOME=str(workdir / "hf-home"),
-            HF_HUB_CACHE=str(workdir / "hf-home" / "hub"),
-            HF_DATASETS_CACHE=str(workdir / "hf-home" / "datasets"),
-        )
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-    return env()
+@contextlib.contextmanager
+def _hf_env(workdir: Path, endpoint: str) -> Iterator[None]:
+    """While open, the Hub client talks to ``endpoint`` and caches under ``workdir/hf-home``."""
+    names = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update(
+        HF_ENDPOINT=endpoint,
+        HF_HOME=str(workdir / "hf-home"),
+        HF_HUB_CACHE=str(workdir / "hf-home" / "hub"),
+        HF_DATASETS_CACHE=str(workdir / "hf-home" / "datasets"),
+    )
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _manifest_line(name: str, manifest: Any) -> str:
@@ -467,161 +394,9 @@ def _git_head(repo: Path) -> str:
     ).stdout.strip()
 
 
-# ---------------------------------------------------------------------------------------------------------
-# pack-report
-
-
-def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, title: str = "", max_rows: int = 40) -> None:
-    """Write a PNG: the first ``max_rows`` rows as bars split by sample, and the length histogram.
-
-    ``lengths`` ``[N]`` are the planned samples' token counts (``plan`` indexes into them).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    n_rows = min(plan.num_rows, max_rows)
-    stop = int(plan.row_offsets[n_rows])
-    order = plan.sample_order[:stop]
-    widths = lengths[order]
-    counts = np.diff(plan.row_offsets[: n_rows + 1])
-    row_of = np.repeat(np.arange(n_rows), counts)
-    before = np.cumsum(widths) - widths
-    left = before - np.repeat(before[plan.row_offsets[:n_rows]], counts)  # start of each sample in its row
-    # tab20 without its two greys, so no sample looks like padding.
-    palette = plt.get_cmap("tab20")(np.r_[0:14, 16:20])
-    colours = palette[np.arange(order.shape[0]) % palette.shape[0]]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 9.5), height_ratios=(3, 1.3))
-    fig.suptitle(title or f"Packing into rows of {plan.pack_size} tokens", fontsize=13)
-    padding_style = {"facecolor": "white", "hatch": "///", "edgecolor": "#999999", "linewidth": 0}
-    top.barh(np.arange(n_rows), plan.pack_size, height=0.8, **padding_style)
-    top.barh(row_of, widths, left=left, color=colours, height=0.8, edgecolor="black", linewidth=0.4)
-    top.set_xlim(0, plan.pack_size)
-    top.set_ylim(n_rows - 0.5, -0.5)
-    top.set_xlabel(f"token position in the row (pack_size {plan.pack_size})")
-    top.set_ylabel("row (planned order)")
-    top.set_title(
-        f"first {n_rows} of {plan.num_rows} rows (lower bound {plan.lower_bound_rows}); "
-        f"efficiency {plan.efficiency:.2%} (non-pad tokens / slots)",
-        fontsize=10,
-        loc="right",
-    )
-    # Above the bars, left of the title, so it never hides a row.
-    top.legend(
-        handles=[
-            Patch(facecolor=palette[0], edgecolor="black", label="sample (colours cycle)"),
-            Patch(label="padding", **{**padding_style, "linewidth": 0.5}),
-        ],
-        loc="lower left",
-        bbox_to_anchor=(0.0, 1.0),
-        ncols=2,
-        frameon=False,
-        fontsize=9,
-        borderaxespad=0.2,
-    )
-    bins = np.linspace(0, max(int(lengths.max(initial=1)), plan.pack_size), 61)
-    bottom.hist(lengths, bins=bins, color="#4c72b0", label=f"{lengths.shape[0]} samples")
-    bottom.axvline(plan.pack_size, color="#c44e52", linestyle="--", label=f"pack_size {plan.pack_size}")
-    if plan.dropped:
-        bottom.axvspan(
-            plan.pack_size,
-            bins[-1],
-            color="#c44e52",
-            alpha=0.12,
-            label=f"dropped: {len(plan.dropped)} longer",
-        )
-    bottom.set_title("sample lengths", fontsize=10)
-    bottom.set_xlabel("sample length (tokens)")
-    bottom.set_ylabel("samples")
-    bottom.legend(fontsize=9)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-
-
-def _run_pack_report(args: argparse.Namespace) -> int:
-    """Exit 0 with the report, 1 on a data error (snapshot, split, tokenizer, rows), 2 on a bad option."""
-    from puzzletron.dataset.errors import ConfigError, PuzzletronDataError
-
-    try:
-        return _pack_report(args)
-    except ConfigError as exc:
-        print(f"puzzletron-data pack-report: {exc}", file=sys.stderr)
-        return 2
-    except (PuzzletronDataError, ValueError, KeyError, OSError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"puzzletron-data pack-report: {message}", file=sys.stderr)
-        return 1
-
-
-def _pack_report(args: argparse.Namespace) -> int:
-    import datasets
-
-    from puzzletron.dataset.config import PackingSpec
-    from puzzletron.dataset.packing import plan_packing
-    from puzzletron.dataset.text import load_text_split, tokenize_conversations
-
-    datasets.disable_progress_bars()
-    spec = PackingSpec(pack_size=args.pack_size)  # a bad option fails before any work
-    start = time.perf_counter()
-    rows = load_text_split(Path(args.snapshot), split=args.split)
-    tokenized = tokenize_conversations(rows, tokenizer=Path(args.tokenizer), num_proc=args.num_proc)
-    tokenize_s = time.perf_counter() - start
-    lengths = tokenized.samples.lengths
-    start = time.perf_counter()
-    plan = plan_packing(lengths, spec, seed=args.seed)
-    plan_s = time.perf_counter() - start
-    title = f"Packing of {Path(args.snapshot).name} [{args.split}] into rows of {plan.pack_size} tokens"
-    draw_packing(plan, lengths, Path(args.out), title=title)
-    summary = plan.summary()
-    print(f"snapshot        {args.snapshot} [{args.split}]: {len(rows)} rows")
-    print(
-        f"tokenised       {len(tokenized.samples)} samples, skipped {tokenized.skipped} (no supervised token)"
-    )
-    if lengths.size:
-        q = np.percentile(lengths, [50, 90, 99]).round().astype(int).tolist()
-        print(
-            f"lengths         min {lengths.min()}  median {q[0]}  p90 {q[1]}  p99 {q[2]}  max {lengths.max()}"
-        )
-    print(f"pack_size       {plan.pack_size}")
-    print(f"rows            {summary['rows']} (lower bound {summary['lower_bound_rows']})")
-    print(f"efficiency      {plan.efficiency:.4%}  (non-pad tokens / slots)")
-    dropped, dropped_tokens = summary["dropped"], summary["dropped_tokens"]
-    print(f"dropped         {dropped} samples longer than pack_size ({dropped_tokens} tokens)")
-    print(f"time            tokenise {tokenize_s:.2f} s, plan {plan_s * 1000:.1f} ms")
-    print(f"picture         {args.out}")
-    return 0
-
-
-def _seed(text: str) -> int:
-    """An argparse type: an int >= 0 (numpy seeds cannot be negative)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
-    return value
-
-
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``demo`` and ``pack-report`` to the `puzzletron-data` parser."""
+    """Add ``demo`` to the `puzzletron-data` parser."""
     demo = sub.add_parser("demo", help="run the data stage end to end on the built-in fixture Hub, offline")
     demo.add_argument("--workdir", type=Path, default=None, help="keep everything here (default: a temp dir)")
-    demo.add_argument("--seed", type=_seed, default=0, help="seed of the fixtures, plans and samplers")
+    demo.add_argument("--seed", type=seed_type, default=0, help="seed of the fixtures, plans and samplers")
     demo.set_defaults(handler=_run_demo)
-
-    report = sub.add_parser("pack-report", help="plan the packing of a text snapshot and draw it to a PNG")
-    report.add_argument("snapshot", type=Path, help="a Puzzle-KD snapshot (save_to_disk folder with splits)")
-    report.add_argument(
-        "--tokenizer", required=True, help="a transformers tokenizer folder with a chat template"
-    )
-    report.add_argument("--pack-size", type=int, required=True, help="row length in tokens")
-    report.add_argument("--out", required=True, help="where to write the PNG")
-    report.add_argument("--split", default="train", help="split of the snapshot (default: train)")
-    report.add_argument("--seed", type=_seed, default=0, help="seed of the row order")
-    report.add_argument("--num-proc", type=int, default=1, help="tokenisation processes")
-    report.set_defaults(handler=_run_pack_report)

@@ -1,0 +1,146 @@
+"""`puzzletron-data pack-report`: plan the packing of a tokenised snapshot split and draw it.
+
+The picture (a PNG) shows the first rows as bars split by sample, and the length histogram; the numbers
+(rows against the lower bound, efficiency, lengths, what was dropped, timings) go to stdout. Errors are
+reported by `puzzletron.cli.main`: exit 1 on a data error (snapshot, split, tokenizer, rows), 2 on a bad
+option (`ConfigError`, e.g. ``--pack-size 0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from puzzletron.cli._args import seed_type
+
+__all__ = ["draw_packing", "register"]
+
+
+def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, title: str = "", max_rows: int = 40) -> None:
+    """Write a PNG: the first ``max_rows`` rows as bars split by sample, and the length histogram.
+
+    ``lengths`` ``[N]`` are the planned samples' token counts (``plan`` indexes into them).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    n_rows = min(plan.num_rows, max_rows)
+    stop = int(plan.row_offsets[n_rows])
+    order = plan.sample_order[:stop]
+    widths = lengths[order]
+    counts = np.diff(plan.row_offsets[: n_rows + 1])
+    row_of = np.repeat(np.arange(n_rows), counts)
+    before = np.cumsum(widths) - widths
+    left = before - np.repeat(before[plan.row_offsets[:n_rows]], counts)  # start of each sample in its row
+    # tab20 without its two greys, so no sample looks like padding.
+    palette = plt.get_cmap("tab20")(np.r_[0:14, 16:20])
+    colours = palette[np.arange(order.shape[0]) % palette.shape[0]]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 9.5), height_ratios=(3, 1.3))
+    fig.suptitle(title or f"Packing into rows of {plan.pack_size} tokens", fontsize=13)
+    padding_style = {"facecolor": "white", "hatch": "///", "edgecolor": "#999999", "linewidth": 0}
+    top.barh(np.arange(n_rows), plan.pack_size, height=0.8, **padding_style)
+    top.barh(row_of, widths, left=left, color=colours, height=0.8, edgecolor="black", linewidth=0.4)
+    top.set_xlim(0, plan.pack_size)
+    top.set_ylim(n_rows - 0.5, -0.5)
+    top.set_xlabel(f"token position in the row (pack_size {plan.pack_size})")
+    top.set_ylabel("row (planned order)")
+    top.set_title(
+        f"first {n_rows} of {plan.num_rows} rows (lower bound {plan.lower_bound_rows}); "
+        f"efficiency {plan.efficiency:.2%} (non-pad tokens / slots)",
+        fontsize=10,
+        loc="right",
+    )
+    # Above the bars, left of the title, so it never hides a row.
+    top.legend(
+        handles=[
+            Patch(facecolor=palette[0], edgecolor="black", label="sample (colours cycle)"),
+            Patch(label="padding", **{**padding_style, "linewidth": 0.5}),
+        ],
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncols=2,
+        frameon=False,
+        fontsize=9,
+        borderaxespad=0.2,
+    )
+    bins = np.linspace(0, max(int(lengths.max(initial=1)), plan.pack_size), 61)
+    bottom.hist(lengths, bins=bins, color="#4c72b0", label=f"{lengths.shape[0]} samples")
+    bottom.axvline(plan.pack_size, color="#c44e52", linestyle="--", label=f"pack_size {plan.pack_size}")
+    if plan.dropped:
+        bottom.axvspan(
+            plan.pack_size,
+            bins[-1],
+            color="#c44e52",
+            alpha=0.12,
+            label=f"dropped: {len(plan.dropped)} longer",
+        )
+    bottom.set_title("sample lengths", fontsize=10)
+    bottom.set_xlabel("sample length (tokens)")
+    bottom.set_ylabel("samples")
+    bottom.legend(fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def _pack_report(args: argparse.Namespace) -> int:
+    """Print the report and write the picture; a bad option raises `ConfigError` before any work."""
+    import datasets
+
+    from puzzletron.dataset.config import PackingSpec
+    from puzzletron.dataset.packing import plan_packing
+    from puzzletron.dataset.text import load_text_split, tokenize_conversations
+
+    datasets.disable_progress_bars()
+    spec = PackingSpec(pack_size=args.pack_size)  # a bad option fails before any work
+    start = time.perf_counter()
+    rows = load_text_split(Path(args.snapshot), split=args.split)
+    tokenized = tokenize_conversations(rows, tokenizer=Path(args.tokenizer), num_proc=args.num_proc)
+    tokenize_s = time.perf_counter() - start
+    lengths = tokenized.samples.lengths
+    start = time.perf_counter()
+    plan = plan_packing(lengths, spec, seed=args.seed)
+    plan_s = time.perf_counter() - start
+    title = f"Packing of {Path(args.snapshot).name} [{args.split}] into rows of {plan.pack_size} tokens"
+    draw_packing(plan, lengths, Path(args.out), title=title)
+    summary = plan.summary()
+    print(f"snapshot        {args.snapshot} [{args.split}]: {len(rows)} rows")
+    print(
+        f"tokenised       {len(tokenized.samples)} samples, skipped {tokenized.skipped} (no supervised token)"
+    )
+    if lengths.size:
+        q = np.percentile(lengths, [50, 90, 99]).round().astype(int).tolist()
+        print(
+            f"lengths         min {lengths.min()}  median {q[0]}  p90 {q[1]}  p99 {q[2]}  max {lengths.max()}"
+        )
+    print(f"pack_size       {plan.pack_size}")
+    print(f"rows            {summary['rows']} (lower bound {summary['lower_bound_rows']})")
+    print(f"efficiency      {plan.efficiency:.4%}  (non-pad tokens / slots)")
+    dropped, dropped_tokens = summary["dropped"], summary["dropped_tokens"]
+    print(f"dropped         {dropped} samples longer than pack_size ({dropped_tokens} tokens)")
+    print(f"time            tokenise {tokenize_s:.2f} s, plan {plan_s * 1000:.1f} ms")
+    print(f"picture         {args.out}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``pack-report`` to the `puzzletron-data` parser."""
+    report = sub.add_parser("pack-report", help="plan the packing of a text snapshot and draw it to a PNG")
+    report.add_argument("snapshot", type=Path, help="a Puzzle-KD snapshot (save_to_disk folder with splits)")
+    report.add_argument(
+        "--tokenizer", required=True, help="a transformers tokenizer folder with a chat template"
+    )
+    report.add_argument("--pack-size", type=int, required=True, help="row length in tokens")
+    report.add_argument("--out", required=True, help="where to write the PNG")
+    report.add_argument("--split", default="train", help="split of the snapshot (default: train)")
+    report.add_argument("--seed", type=seed_type, default=0, help="seed of the row order")
+    report.add_argument("--num-proc", type=int, default=1, help="tokenisation processes")
+    report.set_defaults(handler=_pack_report)
