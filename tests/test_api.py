@@ -113,3 +113,94 @@ def test_reading_subsets_offline_does_not_import_torch_or_the_hub() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "none"
+
+
+# Every name these modules exported before the package was reshaped (issue 9), by its documented path.
+DOCUMENTED_PATHS = {
+    "parallel": [
+        "batch_cp_indices",
+        "gather_cp_partitions",
+        "inverse_cp_permutation",
+        "load_balanced_cp_indices",
+    ],
+    "text": [
+        "TextBatches",
+        "TokenizedText",
+        "assistant_token_mask",
+        "build_batches",
+        "load_text_split",
+        "load_tokenizer",
+        "shift_labels",
+        "tokenize_conversation",
+        "tokenize_conversations",
+    ],
+    "packing": ["PackingError", "PackingPlan", "TokenizedSamples", "build_batch", "plan_packing"],
+    "sampler": ["BatchKey", "DistributedPackSampler", "PackedBatches", "deal_epoch", "steps_per_epoch"],
+    "automodel": ["DocumentMap", "batch_from_automodel", "document_map", "forward_kwargs"],
+    "subset": [
+        "FORMAT",
+        "FORMAT_VERSION",
+        "MANIFEST",
+        "SubsetReader",
+        "VerifyReport",
+        "describe_subset",
+        "load_materialized_conversation_subset",
+        "load_materialized_intersyn_subset",
+        "materialize_normalized_conversation_samples",
+        "materialize_normalized_intersyn_samples",
+        "read_manifest",
+        "verify_subset",
+    ],
+    "acquisition": [
+        "INTERSYN_MULTI_REVISION",
+        "INTERSYN_SINGLE_REVISION",
+        "MANIFEST_NAME",
+        "NEMOTRON_VLM_ADAPTER",
+        "PUZZLE_KD_ADAPTER",
+        "TextAcquisitionSpec",
+        "VlmAcquisitionSpec",
+        "hub_vlm_rows",
+        "largest_remainder_quotas",
+        "materialize_intersyn_subset",
+        "materialize_nemotron_vlm_dataset",
+        "materialize_puzzle_kd_dataset",
+        "redistribute_deficit",
+        "verify_text_snapshot",
+    ],
+    "config": ["PackingSpec", "PuzzletronDataSpec"],
+    "errors": [
+        "AcquisitionError",
+        "BatchValidationError",
+        "ConfigError",
+        "ConversationError",
+        "ImageError",
+        "PuzzletronDataError",
+        "SubsetError",
+    ],
+    "batch": [
+        "DataLayout",
+        "FLAT_BACKEND_KWARGS",
+        "Modality",
+        "PER_IMAGE_KWARGS",
+        "PER_ROW_KWARGS",
+        "PER_VIDEO_KWARGS",
+        "PackedSequenceMetadata",
+        "PuzzletronBatch",
+        "ROW_KWARGS",
+        "SEQUENCE_KWARGS",
+        "THD_SENTINEL",
+        "TOKEN_INDEX_KWARGS",
+        "VIDEO_COUNT_KWARGS",
+        "VIDEO_KWARGS",
+    ],
+}
+
+
+@pytest.mark.parametrize("module", sorted(DOCUMENTED_PATHS))
+def test_every_documented_name_imports_from_its_documented_path(module: str) -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from puzzletron.dataset.{module} import {', '.join(DOCUMENTED_PATHS[module])}", namespace)
+    assert all(namespace[name] is not None for name in DOCUMENTED_PATHS[module])
+    # The seed names keep their identity whichever path they are imported from.
+    for name in set(DOCUMENTED_PATHS[module]) & set(api.__all__):
+        assert namespace[name] is getattr(api, name)

@@ -1,1 +1,3 @@
-"""Puzzletron: distillation-based neural architecture search. This distribution ships its data stage."""
+"""Puzzletron: distillation-based neural architecture search; this distribution holds its data stage."""
+
+__all__: list[str] = []

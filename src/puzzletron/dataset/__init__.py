@@ -1,8 +1,8 @@
 """Dataset preparation utilities for Puzzletron.
 
-The public API is the seed list (`shared/seed/puzzletron-dataset-api.txt`); every name is re-exported from
-the module that owns the concept. Imports are lazy (PEP 562): reading a subset offline does not pay for
-torch, `datasets` or `huggingface_hub` until a name that needs them is touched.
+The public API is exactly the seed list of names (pinned by ``tests/golden/seed-api.txt``); every name is
+re-exported from the module that owns the concept. Imports are lazy (PEP 562): reading a subset offline
+does not pay for torch, `datasets` or `huggingface_hub` until a name that needs them is touched.
 """
 
 from __future__ import annotations
