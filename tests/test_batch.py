@@ -1312,3 +1312,113 @@ def test_one_row_of_per_row_cu_keeps_its_minus_one_padding_across_cp() -> None:
     parts = [b.cp_partition(i, cp_rank=r, cp_size=2) for r, i in enumerate(indices)]
     assert [p.model_kwargs["cu_seqlens"].tolist() for p in parts] == [[[0, 2, -1]], [[0, 2, -1]]]
     assert gather_cp_partitions(parts, indices).model_kwargs["cu_seqlens"].tolist() == [[0, 4, -1]]
+
+
+# -- hostile tensors are errors naming the field (issue 12) -----------------------------------------------
+
+
+def _two_by_three(**fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"model_kwargs": {"input_ids": torch.ones(2, 3, dtype=torch.long)}}
+    return {**base, **fields}
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"model_kwargs": {"input_ids": torch.ones(2, 3)}},
+            r"input_ids'\] must hold integer token ids.*float32",
+        ),
+        (
+            {"model_kwargs": {"input_ids": torch.ones(2, 3, dtype=torch.bool)}},
+            r"input_ids'\] must hold integer",
+        ),
+        (
+            {"model_kwargs": {"input_ids": torch.ones(2, 3, dtype=torch.complex64)}},
+            r"input_ids'\] must hold int",
+        ),
+        (
+            {"model_kwargs": {"input_ids": -torch.ones(2, 3, dtype=torch.long)}},
+            r"input_ids'\] must be token ids >= 0",
+        ),
+        ({"model_kwargs": {"input_ids": torch.ones(2, 3, dtype=torch.long, device="meta")}}, "meta device"),
+        (
+            {"model_kwargs": {"input_ids": torch.ones(2, 3, dtype=torch.long).to_sparse()}},
+            "dense .*sparse_coo",
+        ),
+        ({"labels": torch.ones(2, 3)}, "labels must hold integer token ids; got dtype torch.float32"),
+        ({"labels": torch.full((2, 3), float("nan"))}, "labels must hold integer token ids"),
+        ({"labels": torch.full((2, 3), -5)}, "labels must be token ids >= 0 or -100"),
+        ({"hidden_mask": torch.full((2, 3), float("nan"))}, "hidden_mask must hold only 0 and 1"),
+        ({"ce_mask": torch.full((2, 3), float("inf"))}, "ce_mask must hold only 0 and 1"),
+        ({"kd_mask": torch.full((2, 3), 2)}, "kd_mask must hold only 0 and 1"),
+        ({"ce_mask": torch.full((2, 3), -1)}, "ce_mask must hold only 0 and 1"),
+        ({"ce_mask": torch.ones(2, 3, dtype=torch.complex64)}, "ce_mask must be a bool"),
+    ],
+)
+def test_hostile_tensors_are_errors_naming_the_field(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(BatchValidationError, match=message):
+        PuzzletronBatch(**_two_by_three(**fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"max_seqlen": 2**70}, r"sequence.max_seqlen must be an int >= 0 and <= 4611686018427387904; got 1"),
+        (
+            {"sample_offsets": ((0, 2**70),)},
+            r"sample_offsets must be token offsets in 0\.\.4611686018427387904",
+        ),
+        ({"sample_offsets": ((-1, 3),)}, "sample_offsets must be token offsets"),
+    ],
+)
+def test_out_of_range_metadata_numbers_are_errors_naming_the_field(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(BatchValidationError, match=message):
+        PackedSequenceMetadata(**fields)
+
+
+def test_a_nested_tensor_kwarg_is_an_error_naming_it() -> None:
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(
+        BatchValidationError, match=r"model_kwargs\['pixel_values'\] must be a dense .*nested"
+    ):
+        PuzzletronBatch(
+            **_two_by_three(
+                model_kwargs={"input_ids": torch.ones(2, 3, dtype=torch.long), "pixel_values": nested}
+            )
+        )
+
+
+def test_negative_video_counts_that_sum_right_are_refused() -> None:
+    kwargs = {
+        "input_ids": torch.ones(2, 3, dtype=torch.long),
+        "video_grid_thw": torch.ones(2, 3, dtype=torch.long),
+        "pixel_values_videos": torch.ones(2, 4),
+    }
+    with pytest.raises(BatchValidationError, match=r"videos per row\) must be >= 0"):
+        PuzzletronBatch(model_kwargs={**kwargs, "n_videos_per_sample": torch.tensor([3, -1])})
+    with pytest.raises(BatchValidationError, match="per-row video counts must be >= 0"):
+        PuzzletronBatch(model_kwargs={**kwargs, "n_videos_per_sample": [3, -1]})
+    assert PuzzletronBatch(model_kwargs={**kwargs, "n_videos_per_sample": [2, 0]}).batch_size == 2
+
+
+def test_a_huge_padding_multiple_is_an_error_not_an_allocation() -> None:
+    with pytest.raises(
+        BatchValidationError, match=r"multiple must be an int >= 1 and <= 65536; got 1099511627776"
+    ):
+        plain().pad_batch_to_multiple(2**40)
+    assert plain().pad_batch_to_multiple(2**16).batch_size == 2**16
+
+
+def test_float_masks_of_zeros_and_ones_are_accepted_and_counted_once() -> None:
+    hidden = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    b = PuzzletronBatch(**_two_by_three(hidden_mask=hidden, ce_mask=hidden.clone()))
+    assert b.hidden_mask is not None and b.hidden_mask.dtype == torch.float32
+    # the extra value rules ride on the one host sync of construction
+    assert host_reads(
+        lambda: PuzzletronBatch(
+            **_two_by_three(hidden_mask=hidden, labels=torch.where(hidden.bool(), 0, -100))
+        )
+    ) == host_reads(lambda: PuzzletronBatch(**_two_by_three(hidden_mask=hidden.bool())))

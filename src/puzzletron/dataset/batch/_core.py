@@ -40,7 +40,11 @@ from puzzletron.dataset.batch._metadata import PackedSequenceMetadata
 from puzzletron.dataset.batch._tables import from_fields
 from puzzletron.dataset.errors import BatchValidationError
 
-__all__ = ["PuzzletronBatch", "token_targets"]
+__all__ = ["MAX_PAD_MULTIPLE", "PuzzletronBatch", "token_targets"]
+
+# A pipeline schedule pads to its microbatch count; anything this large is a mistake, not a schedule (and
+# 2**40 padding rows would be an allocation failure deep inside torch).
+MAX_PAD_MULTIPLE = 2**16
 
 
 @dataclass(frozen=True, eq=False)
@@ -240,7 +244,9 @@ class PuzzletronBatch:
         tensors are the same objects, global cu is untouched, flash ``cu_seq_lens_q/k`` are dropped,
         ``sample_ids`` (when given) gain ``__pp_padding_<i>``.
         """
-        multiple = require_int(multiple, "multiple", minimum=1, error=BatchValidationError)
+        multiple = require_int(
+            multiple, "multiple", minimum=1, maximum=MAX_PAD_MULTIPLE, error=BatchValidationError
+        )
         extra = (-self.batch_size) % multiple
         if extra == 0:
             return self

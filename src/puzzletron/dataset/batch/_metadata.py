@@ -11,7 +11,11 @@ from puzzletron.dataset._checks import require_int, require_rank
 from puzzletron.dataset.batch._fingerprint import content_equal, content_hash, fingerprint_of
 from puzzletron.dataset.errors import BatchValidationError
 
-__all__ = ["TENSOR_FIELDS", "PackedSequenceMetadata"]
+__all__ = ["MAX_TOKENS", "TENSOR_FIELDS", "PackedSequenceMetadata"]
+
+# The largest token count or offset a batch may record: far beyond any real batch, small enough that every
+# int64 comparison and torch.tensor() of it is exact (2**70 would raise inside torch, naming no field).
+MAX_TOKENS = 2**62
 
 # The tensor-valued fields, in declaration order (moved by `PuzzletronBatch.to`).
 TENSOR_FIELDS = ("global_cu_seqlens", "local_cu_seqlens", "seq_ids", "media_counts", "media_offsets")
@@ -51,7 +55,13 @@ class PackedSequenceMetadata:
                     f"sequence.{name} must be a torch.Tensor; got {type(value).__name__}"
                 )
         if self.max_seqlen is not None:
-            require_int(self.max_seqlen, "sequence.max_seqlen", minimum=0, error=BatchValidationError)
+            require_int(
+                self.max_seqlen,
+                "sequence.max_seqlen",
+                minimum=0,
+                maximum=MAX_TOKENS,
+                error=BatchValidationError,
+            )
         require_rank(
             self.cp_rank,
             self.cp_size,
@@ -66,8 +76,10 @@ class PackedSequenceMetadata:
             offsets = tuple((operator.index(a), operator.index(b)) for a, b in raw)
         except (TypeError, ValueError):
             raise BatchValidationError(
-                f"sequence.sample_offsets must be pairs of ints (start, stop); got {self.sample_offsets!r}"
+                f"sequence.sample_offsets must be pairs of ints (start, stop); got {raw!r:.120}"
             ) from None
+        if any(not 0 <= x <= MAX_TOKENS for pair in offsets for x in pair):
+            raise BatchValidationError(f"sequence.sample_offsets must be token offsets in 0..{MAX_TOKENS}")
         object.__setattr__(self, "sample_offsets", offsets)
 
     def __eq__(self, other: object) -> bool:

@@ -10,14 +10,15 @@ from already valid parts by the split modules.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from puzzletron.dataset._checks import is_int
 from puzzletron.dataset.batch import _segments
-from puzzletron.dataset.batch._keys import MASK_FIELDS, SEQUENCE_KWARGS, VIDEO_COUNT_KWARGS
+from puzzletron.dataset.batch._keys import IGNORE_INDEX, MASK_FIELDS, SEQUENCE_KWARGS, VIDEO_COUNT_KWARGS
+from puzzletron.dataset.batch._metadata import TENSOR_FIELDS
 from puzzletron.dataset.batch._segments import is_integer_dtype
 from puzzletron.dataset.batch._view import BatchView
 from puzzletron.dataset.errors import BatchValidationError
@@ -61,8 +62,9 @@ def validate(b: BatchView, *, packed: bool) -> None:
         raise BatchValidationError(
             f"model_kwargs['inputs_embeds'] must be [B, T, H] with B={B}, T={T}; got {tuple(emb.shape)}"
         )
+    _check_tensor_kinds(b)
 
-    checks: list[tuple[torch.Tensor, str]] = []
+    checks = _token_value_rules(b)
     hidden = b.hidden_mask.bool() if b.hidden_mask is not None else None
     if hidden is not None:
         for name in ("ce_mask", "kd_mask"):
@@ -134,6 +136,59 @@ def validate(b: BatchView, *, packed: bool) -> None:
             raise BatchValidationError(checks[failed][1])
 
 
+def _tensors(b: BatchView) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of ``b`` with the name an error should give it (top-level kwargs, fields, metadata)."""
+    for key, value in b.model_kwargs.items():
+        if isinstance(value, torch.Tensor):
+            yield f"model_kwargs[{key!r}]", value
+    for name in ("labels", *MASK_FIELDS):
+        if isinstance(getattr(b, name), torch.Tensor):
+            yield name, getattr(b, name)
+    for name in TENSOR_FIELDS:
+        if getattr(b.sequence, name) is not None:
+            yield f"sequence.{name}", getattr(b.sequence, name)
+
+
+def _check_tensor_kinds(b: BatchView) -> None:
+    """Host-side facts: dense tensors with data (no sparse, nested or meta tensor: they have no exact
+    split or value to check), integer token ids and labels, 0/1 masks of a real dtype."""
+    for name, t in _tensors(b):
+        if t.layout != torch.strided or t.is_nested:
+            kind = "nested" if t.is_nested else str(t.layout)
+            raise BatchValidationError(f"{name} must be a dense (strided) tensor; got a {kind} tensor")
+        if t.device.type == "meta":
+            raise BatchValidationError(f"{name} is on the meta device (it holds no data); move it first")
+    for name, t in (("model_kwargs['input_ids']", b.input_ids), ("labels", b.labels)):
+        if t is not None and not is_integer_dtype(t):
+            raise BatchValidationError(f"{name} must hold integer token ids; got dtype {t.dtype}")
+    for name in MASK_FIELDS:
+        mask = getattr(b, name)
+        if mask is not None and mask.dtype.is_complex:
+            raise BatchValidationError(f"{name} must be a bool (or 0/1) mask; got dtype {mask.dtype}")
+    _video_counts_are_counts(b)
+
+
+def _token_value_rules(b: BatchView) -> list[tuple[torch.Tensor, str]]:
+    """Value rules on ids, labels and masks, as (ok scalar, message) pairs for the one host sync."""
+    rules = [((b.input_ids >= 0).all(), "model_kwargs['input_ids'] must be token ids >= 0")]
+    if b.labels is not None:
+        supervised = b.labels != IGNORE_INDEX
+        valid_labels = ((b.labels >= 0) | ~supervised).all()
+        rules.append((valid_labels, f"labels must be token ids >= 0 or {IGNORE_INDEX}"))
+    for name in MASK_FIELDS:
+        mask = getattr(b, name)
+        if mask is not None and mask.dtype != torch.bool:  # NaN and inf are neither 0 nor 1
+            rules.append((((mask == 0) | (mask == 1)).all(), f"{name} must hold only 0 and 1 (or bools)"))
+    return rules
+
+
+def _video_counts_are_counts(b: BatchView) -> None:
+    """Per-row video counts given as a list must be ints >= 0 (a tensor is checked with the value rules)."""
+    counts = video_counts(b.model_kwargs, b.batch_size)
+    if isinstance(counts, list | tuple) and any(c < 0 for c in counts):
+        raise BatchValidationError(f"per-row video counts must be >= 0; got {list(counts)}")
+
+
 def video_counts(kwargs: Mapping[str, Any], batch_size: int) -> torch.Tensor | Sequence[int] | None:
     """The first of ``VIDEO_COUNT_KWARGS`` holding one count per row (a ``[B]`` tensor or B ints)."""
     for key in VIDEO_COUNT_KWARGS:
@@ -154,6 +209,7 @@ def _check_video_counts(kwargs: Mapping[str, Any], B: int, checks: list[tuple[to
     key = next(k for k in VIDEO_COUNT_KWARGS if kwargs.get(k) is counts)
     message = f"model_kwargs[{key!r}] (videos per row) must sum to the {grid.shape[0]} rows of video_grid_thw"
     if isinstance(counts, torch.Tensor):
+        checks.append(((counts >= 0).all(), f"model_kwargs[{key!r}] (videos per row) must be >= 0"))
         checks.append((counts.sum().eq(grid.shape[0]), message))
     elif sum(counts) != grid.shape[0]:
         raise BatchValidationError(message)
