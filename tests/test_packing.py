@@ -291,3 +291,78 @@ def test_packing_errors_belong_to_the_library_error_hierarchy() -> None:
 
     with pytest.raises(PuzzletronDataError, match="sample 1 has 20 tokens > pack_size 10"):
         plan_packing([5, 20], PackingSpec(pack_size=10, drop_long_samples=False))
+
+
+# -- long-sample policies ---------------------------------------------------------------------------
+
+
+def _policy_samples() -> TokenizedSamples:
+    """Samples of 3, 10 and 6 tokens; ids 100*s + position, labels the next id (last -100)."""
+    ids = [[100 * s + t for t in range(n)] for s, n in enumerate((3, 10, 6))]
+    labels = [[*x[1:], -100] for x in ids]
+    return TokenizedSamples.from_lists(ids, labels, sample_ids=["a", "b", "c"])
+
+
+def test_policy_follows_drop_long_samples_unless_named_and_a_contradiction_is_an_error() -> None:
+    assert PackingSpec(8).long_samples == "drop"
+    assert PackingSpec(8, drop_long_samples=False).long_samples == "raise"
+    assert PackingSpec(8, long_samples="split").long_samples == "split"
+    assert (
+        PuzzletronDataSpec.from_mapping(
+            {
+                "modality": "text",
+                "layout": "packed_varlen",
+                "max_sample_length": 8,
+                "packing": {"pack_size": 8, "long_samples": "truncate"},
+            }
+        ).packing.long_samples
+        == "truncate"
+    )
+    with pytest.raises(
+        ValueError, match="long_samples must be one of drop, raise, truncate, split; got 'cut'"
+    ):
+        PackingSpec(8, long_samples="cut")
+    with pytest.raises(
+        ValueError, match=r"long_samples=.drop. contradicts data\.packing\.drop_long_samples=False"
+    ):
+        PackingSpec(8, drop_long_samples=False, long_samples="drop")
+
+
+def test_truncate_keeps_the_first_pack_size_tokens_and_counts_what_it_cut() -> None:
+    plan = plan_packing([3, 10, 6], PackingSpec(4, long_samples="truncate"), seed=0)
+    assert plan.dropped == () and plan.cut_samples == 2 and plan.cut_tokens == (10 - 4) + (6 - 4)
+    assert plan.total_tokens == 3 + 4 + 4
+    assert sorted(plan.units.length.tolist()) == [3, 4, 4]
+    assert sorted(i for row in plan.rows for i in row) == [0, 1, 2]
+
+
+def test_split_covers_every_token_of_a_long_sample_exactly_once() -> None:
+    plan = plan_packing([3, 10, 6], PackingSpec(4, long_samples="split"), seed=1)
+    units = plan.units
+    assert plan.cut_samples == 2 and plan.cut_tokens == 0 and plan.total_tokens == 19
+    spans = sorted(zip(units.sample.tolist(), units.start.tolist(), units.length.tolist(), strict=True))
+    assert spans == [(0, 0, 3), (1, 0, 4), (1, 4, 4), (1, 8, 2), (2, 0, 4), (2, 4, 2)]
+    assert sorted(i for row in plan.rows for i in row) == list(range(6))
+    assert all(length <= 4 for length in plan.row_lengths.tolist())
+
+
+def test_a_split_piece_is_its_own_document_with_its_last_label_ignored() -> None:
+    samples = _policy_samples()
+    spec = PuzzletronDataSpec("text", "packed_varlen", 4, PackingSpec(4, long_samples="split"))
+    plan = plan_packing(samples.lengths, spec.packing, seed=0)
+    piece = next(u for u in range(len(plan.units)) if plan.units.sample[u] == 1 and plan.units.start[u] == 4)
+    batch = build_batch(samples, [(piece,)], spec=spec, units=plan.units)
+    assert batch.input_ids[0].tolist() == [104, 105, 106, 107]
+    assert batch.labels[0].tolist() == [105, 106, 107, -100]  # 108 starts the next piece: not a target here
+    assert batch.model_kwargs["position_ids"][0].tolist() == [0, 1, 2, 3]
+    assert batch.sample_ids == ("b#1",) and batch.source_metadata["document_ids"] == ["b#1"]
+
+
+def test_truncate_packs_the_prefix_and_ends_its_supervision_at_the_cut() -> None:
+    samples = _policy_samples()
+    spec = PuzzletronDataSpec("text", "packed_varlen", 8, PackingSpec(8, long_samples="truncate"))
+    plan = plan_packing(samples.lengths, spec.packing, seed=0)
+    batch = build_batch(samples, [(1,)], spec=spec, units=plan.units)
+    assert batch.input_ids[0].tolist() == list(range(100, 108))
+    assert batch.labels[0].tolist() == [*range(101, 108), -100]
+    assert batch.sample_ids == ("b",)  # a truncated sample keeps its name: it is one document

@@ -27,9 +27,11 @@ from puzzletron.dataset._checks import coerce_enum, did_you_mean, require_bool, 
 from puzzletron.dataset._enums import DataLayout, Modality
 from puzzletron.dataset.errors import ConfigError
 
-__all__ = ["PackingSpec", "PuzzletronDataSpec"]
+__all__ = ["LONG_SAMPLE_POLICIES", "PackingSpec", "PuzzletronDataSpec"]
 
-_PACKING_KEYS = ("pack_size", "packing_ratio", "drop_long_samples")
+_PACKING_KEYS = ("pack_size", "packing_ratio", "drop_long_samples", "long_samples")
+# What happens to a sample longer than pack_size (docs: puzzletron.dataset.packing._units).
+LONG_SAMPLE_POLICIES = ("drop", "raise", "truncate", "split")
 _SPEC_KEYS = ("modality", "layout", "max_sample_length", "packing")
 
 
@@ -40,11 +42,17 @@ class PackingSpec:
     ``packing_ratio`` in ``(0, 1]`` is the share of ``pack_size`` a planner may fill when sample lengths are
     estimated (VLM image tokens), leaving headroom; ``drop_long_samples`` drops samples longer than
     ``pack_size`` (and counts them) instead of raising.
+
+    ``long_samples`` (keyword-only) names the policy for samples longer than ``pack_size``: ``"drop"``,
+    ``"raise"``, ``"truncate"`` (keep the first ``pack_size`` tokens) or ``"split"`` (cut into ``pack_size``
+    pieces packed as separate documents). Unset, it follows ``drop_long_samples`` (drop / raise); after
+    construction it always holds the policy in effect.
     """
 
     pack_size: int
     packing_ratio: float = 1.0
     drop_long_samples: bool = True
+    long_samples: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         require_positive(self.pack_size, "data.packing.pack_size", error=ConfigError)
@@ -61,6 +69,18 @@ class PackingSpec:
                 self.drop_long_samples, "data.packing.drop_long_samples", error=ConfigError, strings=True
             ),
         )
+        implied = "drop" if self.drop_long_samples else "raise"
+        policy = implied if self.long_samples is None else self.long_samples
+        if policy not in LONG_SAMPLE_POLICIES:
+            raise ConfigError(
+                f"data.packing.long_samples must be one of {', '.join(LONG_SAMPLE_POLICIES)}; got {policy!r}"
+            )
+        if policy in ("drop", "raise") and policy != implied:
+            raise ConfigError(
+                f"data.packing.long_samples={policy!r} contradicts data.packing.drop_long_samples="
+                f"{self.drop_long_samples}; set only one of them"
+            )
+        object.__setattr__(self, "long_samples", policy)
 
     @classmethod
     def _from_mapping(cls, raw: Mapping[str, Any]) -> PackingSpec:

@@ -35,7 +35,7 @@ from puzzletron.dataset._checks import is_int, require_int, require_seed
 from puzzletron.dataset.batch import PuzzletronBatch
 from puzzletron.dataset.config import PuzzletronDataSpec
 from puzzletron.dataset.errors import ConfigError
-from puzzletron.dataset.packing import PackingPlan, TokenizedSamples, build_batch
+from puzzletron.dataset.packing import PackingPlan, SampleSource, build_batch
 
 __all__ = [
     "BatchKey",
@@ -242,7 +242,7 @@ class PackedBatches(torch.utils.data.Dataset):
     ``batch_size=None`` passes a `PuzzletronBatch` through unchanged).
     """
 
-    samples: TokenizedSamples
+    samples: SampleSource
     spec: PuzzletronDataSpec
     plan: PackingPlan | None = None
     pad_token_id: int = 0
@@ -276,4 +276,5 @@ class PackedBatches(torch.utils.data.Dataset):
             pad_token_id=self.pad_token_id,
             pad_to_multiple_of=self.pad_to_multiple_of,
             source_metadata=meta,
+            units=self.plan.units if self.plan is not None else None,
         )

@@ -11,13 +11,22 @@ from typing import TYPE_CHECKING, Any
 
 from puzzletron.dataset.errors import PackingError
 from puzzletron.dataset.packing._plan import PackingPlan, plan_packing
+from puzzletron.dataset.packing._units import Units
 
 if TYPE_CHECKING:
-    from puzzletron.dataset.packing._build import TokenizedSamples, build_batch
+    from puzzletron.dataset.packing._build import SampleSource, TokenizedSamples, build_batch
 
-__all__ = ["PackingError", "PackingPlan", "TokenizedSamples", "build_batch", "plan_packing"]
+__all__ = [
+    "PackingError",
+    "PackingPlan",
+    "SampleSource",
+    "TokenizedSamples",
+    "Units",
+    "build_batch",
+    "plan_packing",
+]
 
-_LAZY = {"TokenizedSamples", "build_batch"}
+_LAZY = {"SampleSource", "TokenizedSamples", "build_batch"}
 
 
 def __getattr__(name: str) -> Any:

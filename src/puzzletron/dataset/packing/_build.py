@@ -1,8 +1,9 @@
 """Rows of tokenised samples -> a text `PuzzletronBatch` in one of the three layouts.
 
-`TokenizedSamples` holds every sample flat (ids, shifted labels, offsets); `build_batch` gathers the
-samples of each row with one ragged numpy gather and scatters them into ``[B, T]`` tensors, so building a
-batch costs O(tokens of the batch), with no per-token or per-sample Python loop.
+`build_batch` reads its samples through the `SampleSource` protocol: `TokenizedSamples` holds every sample
+flat in memory (ids, shifted labels, offsets); a token store reads only the samples a batch holds. Tokens
+of every row are gathered with one ragged gather and scattered into ``[B, T]`` tensors, so building a batch
+costs O(tokens of the batch), with no per-token or per-sample Python loop.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -26,8 +27,32 @@ from puzzletron.dataset.batch import (
 from puzzletron.dataset.batch._segments import canonical_packed_ids
 from puzzletron.dataset.config import PuzzletronDataSpec
 from puzzletron.dataset.errors import PackingError
+from puzzletron.dataset.packing._units import Units
 
-__all__ = ["TokenizedSamples", "build_batch"]
+__all__ = ["SampleSource", "TokenizedSamples", "build_batch", "ragged"]
+
+
+class SampleSource(Protocol):
+    """Tokenised samples as `build_batch` reads them."""
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """``[n]`` tokens per sample."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def names(self, indices: np.ndarray) -> list[str]:
+        """The sample ids of ``indices``."""
+        ...
+
+    def gather(
+        self, indices: np.ndarray, starts: np.ndarray, takes: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids, labels)`` int64 of tokens ``[starts[k], starts[k] + takes[k])`` of sample
+        ``indices[k]``, concatenated. Labels are shifted and true: a span that stops inside its sample keeps
+        the label of its last token (the next token's id where supervised)."""
+        ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,18 +126,26 @@ class TokenizedSamples:
         """``[n]`` tokens per sample."""
         return np.diff(self.offsets)
 
+    def names(self, indices: np.ndarray) -> list[str]:
+        return [self.sample_ids[i] for i in indices.tolist()]
 
-def _ragged_gather(
-    samples: TokenizedSamples, order: np.ndarray, take: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per output token of samples ``order`` (first ``take`` tokens each): source, sample slot, position.
+    def gather(
+        self, indices: np.ndarray, starts: np.ndarray, takes: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        slot, position = ragged(takes)
+        src = (self.offsets[indices] + starts)[slot] + position
+        return self.input_ids[src], self.labels[src]
 
-    All ``[sum(take)]``: flat index into ``samples``, index into ``order``, position inside the sample.
+
+def ragged(takes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For spans of ``takes`` ``[k]`` tokens laid end to end: each token's span and its position in it.
+
+    >>> [a.tolist() for a in ragged(np.array([2, 3]))]
+    [[0, 0, 1, 1, 1], [0, 1, 0, 1, 2]]
     """
-    slot = np.repeat(np.arange(order.shape[0], dtype=np.int64), take)
-    before = np.cumsum(take) - take  # [len(order)] first output token of each sample
-    position = np.arange(slot.shape[0], dtype=np.int64) - before[slot]
-    return samples.offsets[order][slot] + position, slot, position
+    slot = np.repeat(np.arange(takes.shape[0], dtype=np.int64), takes)
+    before = np.cumsum(takes) - takes  # [k] first output token of each span
+    return slot, np.arange(slot.shape[0], dtype=np.int64) - before[slot]
 
 
 def _check_rows(rows: Sequence[Sequence[int]], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -127,13 +160,14 @@ def _check_rows(rows: Sequence[Sequence[int]], n: int) -> tuple[np.ndarray, np.n
 
 
 def build_batch(
-    samples: TokenizedSamples,
+    samples: SampleSource,
     rows: Sequence[Sequence[int]],
     *,
     spec: PuzzletronDataSpec,
     pad_token_id: int = 0,
     pad_to_multiple_of: int = 1,
     source_metadata: Mapping[str, Any] | None = None,
+    units: Units | None = None,
 ) -> PuzzletronBatch:
     """Build a text `PuzzletronBatch` ``[B = len(rows), T]`` from rows of sample indices, in ``spec.layout``.
 
@@ -150,14 +184,23 @@ def build_batch(
     Labels are ``-100`` on padding; ``ce_mask = labels != -100``, ``kd_mask`` a copy of it, ``hidden_mask``
     the valid tokens. ``sample_ids`` has one entry per row (the row's sample ids joined by ``"|"``,
     ``"__padding_<r>"`` for a padding row); ``source_metadata["document_ids"]`` lists every sample id in
-    ``seq_ids`` order.
+    ``seq_ids`` order. With ``units`` (a plan's cut long samples) the rows index units, each packed as a
+    document of its own whose last label is -100.
     """
     layout = DataLayout(spec.layout)
     if pad_to_multiple_of < 1:
         raise PackingError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
-    order, counts = _check_rows(rows, len(samples))
+    order, counts = _check_rows(rows, len(samples) if units is None else len(units))
     n_rows = len(rows)
-    lengths = samples.lengths[order]
+    if units is None:
+        sample_of, starts, lengths = order, np.zeros_like(order), samples.lengths[order]
+    else:
+        sample_of, starts, lengths = units.sample[order], units.start[order], units.length[order]
+
+    def unit_names(indices: np.ndarray) -> list[str]:
+        names = samples.names(sample_of[indices])
+        return names if units is None else units.names(order[indices], names)
+
     if layout is DataLayout.PACKED_VARLEN:
         if spec.packing is None:
             raise PackingError("data.packing is required for the packed_varlen layout")
@@ -168,7 +211,7 @@ def build_batch(
         over = np.flatnonzero(row_tokens > width)
         if over.size:
             r = int(over[0])
-            names = [samples.sample_ids[i] for i in rows[r]]
+            names = unit_names(np.flatnonzero(row_of_sample == r))
             raise PackingError(
                 f"row {r} holds {int(row_tokens[r])} tokens > pack_size {width}: samples {names}"
             )
@@ -185,7 +228,10 @@ def build_batch(
         else:
             longest = int(take.max()) if take.size else 1
             width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
-    src, slot, position = _ragged_gather(samples, order, take)
+    slot, position = ragged(take)
+    token_ids, token_labels = samples.gather(sample_of, starts, take)
+    if units is not None:  # a unit is a document: no label crosses its end
+        token_labels[(np.cumsum(take) - 1)[take > 0]] = IGNORE_INDEX
     if layout is DataLayout.PACKED_VARLEN:
         # Column of a token: where its sample starts inside its row, plus its position in the sample.
         row_token_start = np.cumsum(row_tokens) - row_tokens
@@ -200,13 +246,13 @@ def build_batch(
         out[dest] = values
         return torch.from_numpy(out.reshape(n_rows, width))
 
-    input_ids = _scatter(samples.input_ids[src], pad_token_id)
-    labels = _scatter(samples.labels[src], IGNORE_INDEX)
+    input_ids = _scatter(token_ids, pad_token_id)
+    labels = _scatter(token_labels, IGNORE_INDEX)
     positions = _scatter(position, 0)
     seq_ids = _scatter(slot, -1)
     valid = seq_ids >= 0
     ce_mask = labels != IGNORE_INDEX
-    names = [samples.sample_ids[i] for i in order.tolist()]
+    names = unit_names(np.arange(order.shape[0]))
     bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
     row_names = tuple(
         "|".join(names[a:b]) if b > a else f"__padding_{r}"

@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,16 +42,19 @@ import numpy as np
 from puzzletron.dataset._checks import require_seed
 from puzzletron.dataset.config import PackingSpec
 from puzzletron.dataset.errors import PackingError
+from puzzletron.dataset.packing._sort import chunks, halves, index_dtype, radix_order
+from puzzletron.dataset.packing._units import Units, cut_long_samples
 
 __all__ = ["PackingPlan", "plan_packing"]
 
 
 @dataclass(frozen=True, eq=False)
 class PackingPlan:
-    """Which sample goes in which row, in CSR form.
+    """Which sample (or unit of a long sample) goes in which row, in CSR form.
 
-    Row ``r`` holds samples ``sample_order[row_offsets[r]:row_offsets[r + 1]]`` (indices into the planned
-    lengths, ascending within a row). All arrays are read-only ``int64``.
+    Row ``r`` holds ``sample_order[row_offsets[r]:row_offsets[r + 1]]``, ascending within a row: indices
+    into the planned lengths, or into ``units`` when the ``truncate``/``split`` policy cut long samples
+    (`puzzletron.dataset.packing._units`). All arrays are read-only ``int64``.
 
     Attributes:
         pack_size: the hard row length (tokens).
@@ -64,6 +67,10 @@ class PackingPlan:
         dropped: indices of samples longer than ``pack_size`` that were dropped, ascending.
         dropped_tokens: their tokens.
         seed: the seed that ordered the rows.
+        policy: the long-sample policy (``drop``, ``raise``, ``truncate``, ``split``).
+        units: the planned token spans when the policy cut long samples, else None (units = samples).
+        cut_samples: samples longer than ``pack_size`` that were truncated or split.
+        cut_tokens: tokens lost by truncation (0 for the other policies).
     """
 
     pack_size: int
@@ -76,6 +83,10 @@ class PackingPlan:
     dropped: tuple[int, ...]
     dropped_tokens: int
     seed: int
+    policy: str = "drop"
+    units: Units | None = field(default=None, repr=False)
+    cut_samples: int = 0
+    cut_tokens: int = 0
 
     @property
     def num_rows(self) -> int:
@@ -124,6 +135,10 @@ class PackingPlan:
             "pack_size": self.pack_size,
             "capacity": self.capacity,
             "efficiency": self.efficiency,
+            "policy": self.policy,
+            "cut_samples": self.cut_samples,
+            "cut_tokens": self.cut_tokens,
+            "units": len(self.units) if self.units is not None else int(self.sample_order.shape[0]),
         }
 
 
@@ -144,69 +159,6 @@ def _as_lengths(lengths: Sequence[int] | np.ndarray | Iterable[int] | Any) -> np
 
 def _name(index: int, sample_ids: Sequence[str] | None) -> str:
     return f"sample {index}" + (f" ({sample_ids[index]!r})" if sample_ids is not None else "")
-
-
-def _index_dtype(n: int) -> type[np.integer]:
-    return np.int32 if n < 2**31 else np.int64
-
-
-_CHUNK = 1 << 22  # elements per chunk of the whole-array passes: bounds their temporaries (~100 MB)
-
-
-def _chunks(n: int) -> Iterator[slice]:
-    return (slice(a, min(a + _CHUNK, n)) for a in range(0, n, _CHUNK))
-
-
-def _group_stable(keys: np.ndarray, n_keys: int) -> np.ndarray:
-    """Indices ``0..N-1`` ordered by ``keys`` (``uint16``, values ``< n_keys``), ascending index within a key.
-
-    A counting sort done chunk by chunk (each chunk's stable argsort of 16-bit keys is numpy's radix sort):
-    memory is the output, ``n_keys`` counters and one chunk's temporaries, never an argsort of all ``N``
-    keys (whose int64 result and buffer alone would be 1.2 GB for 75M samples).
-    """
-    n = keys.shape[0]
-    start = np.zeros(n_keys, dtype=np.int64)
-    for part in _chunks(n):
-        start += np.bincount(keys[part], minlength=n_keys)
-    start = np.cumsum(start) - start  # first output slot of every key
-    out = np.empty(n, dtype=_index_dtype(n))
-    for part in _chunks(n):
-        chunk = keys[part]
-        local = np.argsort(chunk, kind="stable")
-        sorted_keys = chunk[local]
-        # runs of equal keys in the sorted chunk: [run_start, run_start + run_len)
-        run_start = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-        run_len = np.diff(np.r_[run_start, sorted_keys.shape[0]])
-        rank = np.arange(sorted_keys.shape[0]) - np.repeat(run_start, run_len)
-        out[start[sorted_keys] + rank] = local + part.start
-        start[sorted_keys[run_start]] += run_len
-    return out
-
-
-def _halves(keys: np.ndarray) -> list[np.ndarray]:
-    """``[low, high]``: the 16-bit halves of ``keys`` (ints up to 32 bits) as ``uint16`` arrays."""
-    low = np.empty(keys.shape[0], dtype=np.uint16)
-    high = np.empty(keys.shape[0], dtype=np.uint16)
-    for part in _chunks(keys.shape[0]):
-        low[part] = keys[part] & 0xFFFF
-        high[part] = keys[part] >> 16
-    return [low, high]
-
-
-def _radix_order(halves: list[np.ndarray], n_keys: int) -> np.ndarray:
-    """`_group_stable` order of the keys ``high << 16 | low`` (< ``n_keys``) given as `_halves`: an LSD
-    radix sort of two 16-bit passes. Empties ``halves``, so each half is freed as soon as it is used."""
-    low, high = halves.pop(0), halves.pop(0)
-    if n_keys <= 1 << 16:
-        return _group_stable(low, n_keys)
-    order = _group_stable(low, 1 << 16)
-    del low
-    high = high[order]
-    second = _group_stable(high, ((n_keys - 1) >> 16) + 1)
-    del high
-    for part in _chunks(order.shape[0]):
-        second[part] = order[second[part]]
-    return second
 
 
 class _RowQueue:
@@ -249,7 +201,7 @@ def _bfd(order: np.ndarray, counts: dict[int, int], capacity: int) -> tuple[np.n
     """
     queues: dict[int, _RowQueue] = {}  # remaining capacity -> open rows with it, in arrival order
     nonempty: list[int] = []  # sorted remaining capacities with at least one row
-    idx = _index_dtype(max(order.shape[0], 1))
+    idx = index_dtype(max(order.shape[0], 1))
     row_of = np.empty(order.shape[0], dtype=idx)
     placed = 0
     fills: list[tuple[np.ndarray, int]] = []
@@ -347,25 +299,62 @@ def plan_packing(
     if bad.size:
         i = int(bad[0])
         raise PackingError(f"{_name(i, sample_ids)} has length {int(arr[i])}; every sample needs >= 1 token")
-    long_mask = arr > pack_size
-    long_idx = np.flatnonzero(long_mask)
-    if long_idx.size and not spec.drop_long_samples:
+    policy = spec.long_samples
+    if policy == "raise":
+        _refuse_long_samples(arr, pack_size, sample_ids)
+    units = cut_long_samples(arr, pack_size, policy) if policy in ("truncate", "split") else None
+    planned = arr if units is None else units.length
+    sample_order, row_offsets, row_lengths, long_idx = _plan_rows(planned, pack_size, capacity, seed)
+    for a in (sample_order, row_offsets, row_lengths):
+        a.setflags(write=False)
+    cut = arr > pack_size if units is not None else np.zeros(0, dtype=bool)
+    dropped_tokens = int(planned[long_idx].sum(dtype=np.int64))
+    return PackingPlan(
+        pack_size=pack_size,
+        capacity=capacity,
+        sample_order=sample_order,
+        row_offsets=row_offsets,
+        row_lengths=row_lengths,
+        num_samples=int(arr.shape[0]),
+        total_tokens=int(planned.sum(dtype=np.int64)) - dropped_tokens,
+        dropped=tuple(long_idx.tolist()),
+        dropped_tokens=dropped_tokens,
+        seed=int(seed),
+        policy=policy,
+        units=units,
+        cut_samples=int(cut.sum()),
+        cut_tokens=int((arr[cut].astype(np.int64) - pack_size).sum()) if policy == "truncate" else 0,
+    )
+
+
+def _refuse_long_samples(arr: np.ndarray, pack_size: int, sample_ids: Sequence[str] | None) -> None:
+    long_idx = np.flatnonzero(arr > pack_size)
+    if long_idx.size:
         i = int(long_idx[0])
         raise PackingError(
             f"{_name(i, sample_ids)} has {int(arr[i])} tokens > pack_size {pack_size} "
             f"({long_idx.size} such sample(s)); set data.packing.drop_long_samples=true to drop them, "
-            "or increase data.packing.pack_size"
+            "data.packing.long_samples to truncate or split them, or increase data.packing.pack_size"
         )
+
+
+def _plan_rows(
+    arr: np.ndarray, pack_size: int, capacity: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Best-fit decreasing of ``arr`` ``[N]`` (lengths > ``pack_size`` dropped), rows in a seeded order:
+    ``(sample_order, row_offsets, row_lengths, dropped indices)``."""
+    long_mask = arr > pack_size
+    long_idx = np.flatnonzero(long_mask)
     n = arr.shape[0]
     kept = n - int(long_idx.size)
     # Longest first, ascending index within a length: a stable counting sort of ``capacity - fit`` (long
     # samples get the key capacity + 1 and sort last, where they are cut off).
     key = np.empty(n, dtype=np.uint16 if capacity + 1 < 1 << 16 else np.uint32)
-    for part in _chunks(n):
+    for part in chunks(n):
         fit = np.minimum(arr[part], capacity).astype(np.uint32)
         key[part] = np.where(long_mask[part], capacity + 1, capacity - fit)
     per_key = np.bincount(key, minlength=capacity + 2)[: capacity + 1]
-    order = _radix_order(_halves(key), capacity + 2)[:kept]
+    order = radix_order(halves(key), capacity + 2)[:kept]
     del key
     counts = {capacity - k: int(c) for k, c in enumerate(per_key.tolist()) if c}
     row_of, row_tokens = _bfd(order, counts, capacity)
@@ -381,30 +370,16 @@ def plan_packing(
     row_lengths = row_tokens[perm]
     rank = np.empty(n_rows, dtype=row_of.dtype)
     rank[perm] = np.arange(n_rows, dtype=row_of.dtype)
-    row_by_sample = np.full(n, n_rows, dtype=_index_dtype(n_rows + 1))
+    row_by_sample = np.full(n, n_rows, dtype=index_dtype(n_rows + 1))
     row_by_sample[order] = rank[row_of]
     del row_of, rank, order, row_tokens
     row_offsets = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(row_by_sample, minlength=n_rows + 1)[:n_rows], out=row_offsets[1:])
-    halves = _halves(row_by_sample)
+    row_halves = halves(row_by_sample)
     del row_by_sample
-    grouped = _radix_order(halves, n_rows + 1)
+    grouped = radix_order(row_halves, n_rows + 1)
     sample_order = np.empty(kept, dtype=np.int64)
-    for part in _chunks(kept):
+    for part in chunks(kept):
         sample_order[part] = grouped[part]
     del grouped
-    for a in (sample_order, row_offsets, row_lengths):
-        a.setflags(write=False)
-    dropped_tokens = int(arr[long_idx].sum(dtype=np.int64))
-    return PackingPlan(
-        pack_size=pack_size,
-        capacity=capacity,
-        sample_order=sample_order,
-        row_offsets=row_offsets,
-        row_lengths=row_lengths,
-        num_samples=int(arr.shape[0]),
-        total_tokens=int(arr.sum(dtype=np.int64)) - dropped_tokens,
-        dropped=tuple(long_idx.tolist()),
-        dropped_tokens=dropped_tokens,
-        seed=int(seed),
-    )
+    return sample_order, row_offsets, row_lengths, long_idx
