@@ -8,43 +8,51 @@ turns and come already shifted, in AutoModel's convention::
     mask       0           0    0  0   0         0   0           0         0   1       1          0
     labels[t] = input_ids[t + 1] where mask[t + 1], else -100; the last token of a sample is -100.
 
-Which tokens are the assistant's: templates with ``{% generation %}`` blocks answer that themselves
-(``return_assistant_tokens_mask=True``). For templates without them the fallback renders the conversation
-prefix by prefix: the text an assistant message adds after the generation prompt of the turns before it
-(``apply_chat_template(messages[:i], add_generation_prompt=True)`` vs ``messages[:i + 1]``), with trailing
-whitespace trimmed, is that message's span, mapped onto tokens by their character offsets (fast tokenizers).
+Which tokens are the assistant's, and how a batch of rows is rendered once and encoded in one backend call:
+`puzzletron.dataset._chat_template` (`tokenize_conversation` goes through ``apply_chat_template`` row by
+row, the reference; `tokenize_rows` and `tokenize_conversations` through the batch path, identical output).
 
 Samples without a supervised token (an empty ``messages`` list too) are skipped and counted.
-``num_proc > 1`` tokenises in parallel with `datasets.Dataset.map`; the result is identical to
+``num_proc > 1`` tokenises row ranges in worker processes (`map_tasks`); the result is identical to
 ``num_proc=1`` (same rows, same order, same ids). `puzzletron.dataset.pipeline` turns the result into
-batches.
+batches; `puzzletron.dataset.build_store` writes `tokenize_rows`' output to a token store.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from puzzletron.dataset._chat_template import assistant_token_mask, tokenize_batch
+from puzzletron.dataset._checks import require_positive
 from puzzletron.dataset.batch import IGNORE_INDEX
-from puzzletron.dataset.errors import ConversationError, PackingError
+from puzzletron.dataset.errors import ConfigError, ConversationError
 from puzzletron.dataset.packing import TokenizedSamples
 
 __all__ = [
+    "TokenizedRows",
     "TokenizedText",
     "assistant_token_mask",
+    "labels_from_mask",
     "load_tokenizer",
+    "map_tasks",
+    "pad_token_id",
     "shift_labels",
     "tokenize_conversation",
     "tokenize_conversations",
+    "tokenize_rows",
 ]
 
-_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _TOKENIZERS: dict[str, Any] = {}  # per-process cache: path -> tokenizer (worker processes load once)
+_WORKER: dict[str, Any] = {}  # a pool worker's task function and context (set by its initializer)
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,29 @@ class TokenizedText:
     pad_token_id: int
 
 
+@dataclass(frozen=True)
+class TokenizedRows:
+    """Rows ``[start, start + n)`` of a split, tokenised (every row, skipped ones included).
+
+    Row ``i`` is ``input_ids[offsets[i]:offsets[i + 1]]`` (int64 ``[N]``) with its assistant mask
+    ``mask[...]`` (bool ``[N]``); ``offsets`` int64 ``[n + 1]`` from 0; ``sample_ids`` ``n`` strings.
+    """
+
+    start: int
+    input_ids: np.ndarray = field(repr=False)
+    mask: np.ndarray = field(repr=False)
+    offsets: np.ndarray = field(repr=False)
+    sample_ids: tuple[str, ...]
+
+    @property
+    def supervised(self) -> np.ndarray:
+        """``[n]`` int64: the labels of each row that are not -100 (0 for a row to skip)."""
+        seen = np.concatenate([np.zeros(1, np.int64), np.cumsum(self.mask, dtype=np.int64)])
+        begin, end = self.offsets[:-1], self.offsets[1:]
+        # labels[t] is supervised where mask[t + 1]: every masked token of a row but its first
+        return seen[end] - seen[np.minimum(begin + 1, end)]
+
+
 def load_tokenizer(tokenizer: str | Path | Any) -> Any:
     """A `transformers` tokenizer from a local path (cached per process), or the tokenizer given."""
     if not isinstance(tokenizer, str | Path):
@@ -76,6 +107,12 @@ def load_tokenizer(tokenizer: str | Path | Any) -> Any:
     return _TOKENIZERS[key]
 
 
+def pad_token_id(tokenizer: Any) -> int:
+    """The id batches pad with: the tokenizer's pad id, else its eos id, else 0."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return int(pad) if pad is not None else 0
+
+
 def shift_labels(input_ids: np.ndarray, supervised: np.ndarray) -> np.ndarray:
     """``[T]`` labels: ``input_ids[t + 1]`` where ``supervised[t + 1]``, else -100 (always at the end)."""
     labels = np.full(input_ids.shape, IGNORE_INDEX, dtype=np.int64)
@@ -83,90 +120,13 @@ def shift_labels(input_ids: np.ndarray, supervised: np.ndarray) -> np.ndarray:
     return labels
 
 
-def _normalise(messages: Sequence[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
-    out = []
-    for i, message in enumerate(messages):
-        # Arrow fills a missing key with null, so null counts as missing.
-        if not isinstance(message, Mapping) or message.get("role") is None or message.get("content") is None:
-            raise ConversationError(
-                f"{where}: messages[{i}] must be a mapping with 'role' and 'content' (got {message!r:.120})"
-            )
-        out.append({"role": str(message["role"]), "content": message["content"]})
-    return out
-
-
-def assistant_token_mask(
-    messages: Sequence[Mapping[str, Any]], tokenizer: Any, *, where: str = "sample"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenise one conversation with its chat template: ``(input_ids [T], assistant mask [T] bool)``."""
-    messages = _normalise(messages, where)
-    if not messages:  # nothing to render, nothing supervised: the caller skips and counts it
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
-    from jinja2 import TemplateError
-
-    template = tokenizer.chat_template or ""
-    try:
-        if not _GENERATION.search(template):
-            return _prefix_diff_mask(messages, tokenizer, where=where)
-        out = tokenizer.apply_chat_template(
-            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
-    except TemplateError as exc:  # e.g. raise_exception("Conversation roles must alternate ...")
-        raise ConversationError(f"{where}: the chat template rejected the conversation: {exc}") from exc
-    ids = np.asarray(out["input_ids"], dtype=np.int64)
-    mask = np.asarray(out["assistant_masks"], dtype=bool)
-    return ids, mask
-
-
-def _prefix_diff_mask(
-    messages: list[dict[str, Any]], tokenizer: Any, *, where: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """Fallback without generation markers: assistant spans from incremental prefix renders."""
-    full = tokenizer.apply_chat_template(messages, tokenize=False)
-    spans = []
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        before = _generation_prompt_render(tokenizer, messages[:i], where=where)
-        through = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
-        if not (full.startswith(through) and through.startswith(before)):
-            raise ConversationError(
-                f"{where}: the chat template does not render message {i} as a prefix extension; "
-                "add {% generation %} blocks to the template to mark assistant tokens"
-            )
-        spans.append((len(before), len(through.rstrip())))
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], dtype=np.int64)
-    starts = np.asarray([a for a, _ in enc["offset_mapping"]], dtype=np.int64).reshape(-1)
-    mask = np.zeros(ids.shape, dtype=bool)
-    for a, b in spans:
-        mask |= (starts >= a) & (starts < b)
-    return ids, mask
-
-
-def _generation_prompt_render(tokenizer: Any, prefix: list[dict[str, Any]], *, where: str) -> str:
-    """The text ``prefix`` renders to with the generation prompt.
-
-    An empty prefix (before a leading assistant turn), which `apply_chat_template` refuses, goes through the
-    same Jinja renderer with the same template variables.
-    """
-    if prefix:
-        return tokenizer.apply_chat_template(prefix, tokenize=False, add_generation_prompt=True)
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    try:
-        rendered, _ = render_jinja_template(
-            conversations=[[]],
-            chat_template=tokenizer.get_chat_template(),
-            add_generation_prompt=True,
-            **tokenizer.special_tokens_map,
-        )
-    except Exception as exc:  # the template itself may reject an empty conversation
-        raise ConversationError(
-            f"{where}: the chat template cannot render the generation prompt before the leading assistant "
-            f"message ({exc}); add {{% generation %}} blocks to the template to mark assistant tokens"
-        ) from exc
-    return rendered[0]
+def labels_from_mask(input_ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """`shift_labels` of many samples at once: flat int64 ``[N]`` labels of flat ``input_ids`` / ``mask``
+    ``[N]`` cut by ``offsets`` ``[n + 1]`` (no target crosses from one sample into the next)."""
+    labels = shift_labels(np.asarray(input_ids, dtype=np.int64), np.asarray(mask, dtype=bool))
+    ends = np.asarray(offsets[1:])[np.diff(offsets) > 0] - 1
+    labels[ends] = IGNORE_INDEX
+    return labels
 
 
 def tokenize_conversation(
@@ -177,17 +137,99 @@ def tokenize_conversation(
     return ids, shift_labels(ids, mask)
 
 
-def _map_batch(
-    batch: Mapping[str, list[Any]], indices: list[int], *, tokenizer: Any, messages_field: str
-) -> dict[str, list[Any]]:
+def tokenize_rows(
+    rows: Any,
+    start: int,
+    stop: int,
+    *,
+    tokenizer: str | Path | Any,
+    messages_field: str = "messages",
+    id_field: str | None = "uuid",
+    batch_size: int = 1024,
+) -> Iterator[TokenizedRows]:
+    """Rows ``[start, stop)`` of the `datasets.Dataset` `rows`, tokenised `batch_size` rows at a time.
+
+    Sample ids come from ``id_field`` when the rows have it, else the row index. Only one batch of rows and
+    tokens is in memory at a time.
+    """
+    batch_size = require_positive(batch_size, "batch_size", error=ConfigError)
     tok = load_tokenizer(tokenizer)
-    out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "supervised": []}
-    for index, messages in zip(indices, batch[messages_field], strict=True):
-        ids, labels = tokenize_conversation(messages, tok, where=f"row {index}")
-        out["input_ids"].append(ids)
-        out["labels"].append(labels)
-        out["supervised"].append(int((labels != IGNORE_INDEX).sum()))
-    return out
+    with_ids = bool(id_field) and id_field in rows.column_names
+    view = rows.with_format(None).select_columns([messages_field, id_field] if with_ids else [messages_field])
+    for a in range(start, stop, batch_size):
+        b = min(a + batch_size, stop)
+        batch = view[a:b]
+        ids, mask, offsets = tokenize_batch(batch[messages_field], tok, first_row=a)
+        names = [str(x) for x in batch[id_field]] if with_ids else [str(i) for i in range(a, b)]
+        yield TokenizedRows(a, ids, mask, offsets, tuple(names))
+
+
+@contextmanager
+def _serial_tokenizers() -> Iterator[None]:
+    """``TOKENIZERS_PARALLELISM=false`` while worker processes start: one core each, and no warning from
+    tokenizers about forking after its thread pool ran (what `datasets.map` does too)."""
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+
+def _pool_init(fn: Callable[[Any, Any], Any], context: Any) -> None:
+    _WORKER["fn"], _WORKER["context"] = fn, context
+
+
+def _pool_call(task: Any) -> Any:
+    return _WORKER["fn"](_WORKER["context"], task)
+
+
+def map_tasks(
+    fn: Callable[[Any, Any], Any], context: Any, tasks: Sequence[Any], *, num_proc: int
+) -> Iterator[Any]:
+    """``fn(context, task)`` for every task, results in task order: in this process when ``num_proc`` is 1,
+    else in ``num_proc`` worker processes (forked where the platform can, so `context` -- a dataset, a
+    tokenizer -- is inherited, not pickled; each worker gets it once). A worker's error is re-raised here
+    and the tasks not started are cancelled."""
+    if num_proc <= 1 or len(tasks) <= 1:
+        yield from (fn(context, task) for task in tasks)
+        return
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with _serial_tokenizers():
+        pool = ProcessPoolExecutor(
+            min(num_proc, len(tasks)), mp_context=ctx, initializer=_pool_init, initargs=(fn, context)
+        )
+        try:
+            yield from pool.map(_pool_call, tasks)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+
+
+def _as_dataset(rows: Any, messages_field: str) -> Any:
+    import datasets
+
+    if not isinstance(rows, datasets.Dataset):
+        rows = list(rows)
+        # No rows at all still has the messages column (from_list([]) would have no columns).
+        rows = datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({messages_field: []})
+    if messages_field not in rows.column_names:
+        raise ConversationError(f"rows have no {messages_field!r} column (columns: {rows.column_names})")
+    return rows
+
+
+def _tokenize_range(context: tuple[Any, Any, str, str | None], task: tuple[int, int]) -> TokenizedRows:
+    rows, tokenizer, messages_field, id_field = context
+    (part,) = tokenize_rows(
+        rows, *task, tokenizer=tokenizer, messages_field=messages_field, id_field=id_field,
+        batch_size=task[1] - task[0],
+    )  # fmt: skip
+    return part
 
 
 def tokenize_conversations(
@@ -197,56 +239,37 @@ def tokenize_conversations(
     messages_field: str = "messages",
     id_field: str | None = "uuid",
     num_proc: int = 1,
-    batch_size: int = 64,
+    batch_size: int = 1024,
 ) -> TokenizedText:
-    """Tokenise every row's ``messages`` (a `datasets.Dataset`, or an iterable of mappings).
+    """Tokenise every row's ``messages`` (a `datasets.Dataset`, or an iterable of mappings) in memory.
 
     Sample ids come from ``id_field`` when the rows have it, else the row index. Rows without a supervised
-    token are skipped and counted. The snapshot is never written to (``keep_in_memory``).
+    token are skipped and counted. ``batch_size`` rows are rendered and encoded at a time. The snapshot is
+    never written to. For splits too large for memory, build a token store (`puzzletron.dataset.build_store`).
     """
-    import datasets
-
-    if not isinstance(rows, datasets.Dataset):
-        rows = list(rows)
-        # No rows at all still has the messages column (from_list([]) would have no columns).
-        rows = datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({messages_field: []})
-    if messages_field not in rows.column_names:
-        raise ConversationError(f"rows have no {messages_field!r} column (columns: {rows.column_names})")
+    batch_size = require_positive(batch_size, "batch_size", error=ConfigError)
+    rows = _as_dataset(rows, messages_field)
     tok = load_tokenizer(tokenizer)
-    # Workers reload from the path (cheap) rather than unpickling a tokenizer object.
-    worker_tok = str(tokenizer) if isinstance(tokenizer, str | Path) else tok
-    ids = (
-        [str(x) for x in rows[id_field]]
-        if id_field and id_field in rows.column_names
-        else [str(i) for i in range(len(rows))]
-    )
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    pad = int(pad) if pad is not None else 0
-    if len(rows) == 0:  # map() of no rows adds no columns
+    pad = pad_token_id(tok)
+    if len(rows) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return TokenizedText(TokenizedSamples(empty, empty, np.zeros(1, dtype=np.int64), ()), 0, (), pad)
-    mapped = rows.select_columns([messages_field]).map(
-        _map_batch,
-        batched=True,
-        batch_size=batch_size,
-        with_indices=True,
-        num_proc=num_proc if num_proc > 1 else None,
-        remove_columns=[messages_field],
-        fn_kwargs={"tokenizer": worker_tok, "messages_field": messages_field},
-        keep_in_memory=True,
-        load_from_cache_file=False,
-        desc=None,
-    )
-    table = mapped.data.table
-    supervised = table.column("supervised").to_numpy()
+    # Workers reload from the path (cheap) rather than unpickling a tokenizer object.
+    worker_tok = str(tokenizer) if isinstance(tokenizer, str | Path) and num_proc > 1 else tok
+    tasks = [(a, min(a + batch_size, len(rows))) for a in range(0, len(rows), batch_size)]
+    context = (rows, worker_tok, messages_field, id_field)
+    parts = list(map_tasks(_tokenize_range, context, tasks, num_proc=num_proc))
+    input_ids = np.concatenate([p.input_ids for p in parts])
+    mask = np.concatenate([p.mask for p in parts])
+    lengths = np.concatenate([np.diff(p.offsets) for p in parts])
+    offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
+    supervised = np.concatenate([p.supervised for p in parts])
+    ids = [name for p in parts for name in p.sample_ids]
     keep = np.flatnonzero(supervised > 0)
     skipped = np.flatnonzero(supervised == 0)
-    all_ids, all_offsets = _flatten(table.column("input_ids"))
-    all_labels, label_offsets = _flatten(table.column("labels"))
-    if not np.array_equal(all_offsets, label_offsets):
-        raise PackingError("labels and input_ids lost alignment during tokenisation")
-    (flat_ids, flat_labels), offsets = _select_rows((all_ids, all_labels), all_offsets, keep)
-    samples = TokenizedSamples(flat_ids, flat_labels, offsets, tuple(ids[i] for i in keep.tolist()))
+    labels = labels_from_mask(input_ids, mask, offsets)
+    (flat_ids, flat_labels), kept_offsets = _select_rows((input_ids, labels), offsets, keep)
+    samples = TokenizedSamples(flat_ids, flat_labels, kept_offsets, tuple(ids[i] for i in keep.tolist()))
     return TokenizedText(
         samples=samples,
         skipped=int(skipped.size),
@@ -278,7 +301,10 @@ def _flatten(column: Any) -> tuple[np.ndarray, np.ndarray]:
 def _select_rows(
     columns: tuple[np.ndarray, ...], offsets: np.ndarray, keep: np.ndarray
 ) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
-    """Rows ``keep`` of ragged columns sharing ``offsets`` ``[n + 1]``: (the columns' rows, new offsets)."""
+    """Rows ``keep`` (sorted, unique) of ragged columns sharing ``offsets`` ``[n + 1]``: (the columns' rows,
+    new offsets)."""
+    if len(keep) == len(offsets) - 1:  # every row: nothing to gather
+        return tuple(columns), np.asarray(offsets, dtype=np.int64)
     lengths = np.diff(offsets)[keep]
     new_offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
     # source index of every kept token: its row's old start plus its position inside the row

@@ -7,6 +7,7 @@ Each snapshot is a directory whose ``manifest.json`` names its format (``"format
 ================================== ============================== =====================================
 ``puzzletron-conversation-subset`` `subset_writer`                ``docs/subset-format.md``
 ``puzzletron-text-snapshot``       `text_snapshot`                ``docs/text-snapshot-format.md``
+``puzzletron-token-store``         `token_store_writer`           ``docs/token-store-format.md``
 ================================== ============================== =====================================
 
 Detection (`detect`): the manifest's ``format`` when it has one (an unknown name is an error). Manifests
@@ -15,7 +16,7 @@ and no ``images`` is a text snapshot (version 1), ``images`` is a conversation s
 layout). Adding a format is one entry in `FORMATS`.
 
 >>> sorted(FORMATS)
-['puzzletron-conversation-subset', 'puzzletron-text-snapshot']
+['puzzletron-conversation-subset', 'puzzletron-text-snapshot', 'puzzletron-token-store']
 >>> format_of({"format": "puzzletron-text-snapshot", "version": 1})
 'puzzletron-text-snapshot'
 >>> format_of({"version": 1, "splits": {"train": 3}, "files": []})
@@ -34,6 +35,7 @@ from typing import Any
 from puzzletron.dataset.errors import SubsetError
 from puzzletron.dataset.formats._manifest import MANIFEST, VerifyReport, load_json
 from puzzletron.dataset.formats._subset_layout import SUBSET_FORMAT, is_original_layout
+from puzzletron.dataset.formats._token_store_layout import TOKEN_STORE_FORMAT
 from puzzletron.dataset.formats.subset_verify import (
     describe_subset,
     render_subset,
@@ -45,6 +47,11 @@ from puzzletron.dataset.formats.text_snapshot import (
     is_unnamed_text_snapshot,
     render_text_snapshot,
     verify_text_snapshot,
+)
+from puzzletron.dataset.formats.token_store_verify import (
+    describe_token_store,
+    render_token_store,
+    verify_token_store,
 )
 
 __all__ = [
@@ -91,6 +98,9 @@ FORMATS: dict[str, Format] = {
         "{sample_count} rows",
         is_unnamed_text_snapshot,
     ),
+    TOKEN_STORE_FORMAT: Format(
+        verify_token_store, describe_token_store, render_token_store, "{sample_count} samples"
+    ),
 }
 
 
@@ -106,7 +116,7 @@ def format_of(manifest: Any, where: str = MANIFEST) -> str:
         raise SubsetError(
             f"{where}: no 'format', and not a manifest of a known format ({', '.join(FORMATS)})"
         )
-    if name not in FORMATS:
+    if not isinstance(name, str) or name not in FORMATS:
         raise SubsetError(f"{where}: unknown format {name!r}; this code reads {', '.join(FORMATS)}")
     return name
 

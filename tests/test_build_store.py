@@ -1,0 +1,312 @@
+"""Building token stores: content-addressed identity, reuse without tokenising, the same bytes for any
+``num_proc`` and any gloo world size, a build SIGKILLed at several points publishes nothing and its rerun
+completes from the finished shards, and a rank's failure raises on every rank."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as tmp_mp
+from transformers import AutoTokenizer
+
+from _token_store_data import ROWS_PER_SHARD, TRAIN_ROWS
+from puzzletron.dataset import build_store, formats
+from puzzletron.dataset.build_store import build_token_store, short_hash, store_identity
+from puzzletron.dataset.errors import ConfigError, ConversationError, SubsetError
+from puzzletron.dataset.formats.token_store import TokenStore
+from puzzletron.dataset.formats.token_store_writer import ShardWriter
+
+FORK = multiprocessing.get_context("fork")
+SHARDS = -(-TRAIN_ROWS // ROWS_PER_SHARD)
+
+pytest_plugins = ["_token_store_fixtures"]  # `tokenizer_dir`, `snapshot`
+
+
+@pytest.fixture(autouse=True)
+def _serial_tokenizers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # forked children: no thread pool, no warning
+
+
+@pytest.fixture(scope="module")
+def reference(snapshot: Path, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The manifest bytes of a clean one-process build (it holds every file's SHA-256)."""
+    out = tmp_path_factory.mktemp("reference") / "store"
+    path = build_token_store(snapshot, tokenizer=tokenizer_dir, output=out, rows_per_shard=ROWS_PER_SHARD)
+    return (path / "manifest.json").read_bytes()
+
+
+def _build(snapshot: Path, tokenizer: object, **kwargs: object) -> Path:
+    return build_token_store(snapshot, tokenizer=tokenizer, rows_per_shard=ROWS_PER_SHARD, **kwargs)
+
+
+@contextmanager
+def _counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
+    """The row ranges the builder tokenises in this process while the block runs."""
+    calls: list[tuple[int, int]] = []
+    real = build_store.tokenize_rows
+
+    def counted(rows, start, stop, **kwargs):
+        calls.append((start, stop))
+        return real(rows, start, stop, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(build_store, "tokenize_rows", counted)
+        yield calls
+
+
+def _no_debris(out: Path) -> None:
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]
+
+
+def test_a_store_is_reused_without_loading_the_tokenizer_or_tokenising(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: bytes
+) -> None:
+    cache = tmp_path / "cache"
+    with _counting(monkeypatch) as calls:
+        path = _build(snapshot, tokenizer_dir, cache_dir=cache)
+    assert len(calls) == SHARDS and (path / "manifest.json").read_bytes() == reference
+    identity = store_identity(snapshot, tokenizer=tokenizer_dir, rows_per_shard=ROWS_PER_SHARD)
+    assert path == cache / short_hash(identity) and len(path.name) == 16
+
+    def never(*args, **kwargs):
+        raise AssertionError("a reused store must not load the tokenizer or tokenise")
+
+    monkeypatch.setattr(build_store, "tokenize_rows", never)
+    monkeypatch.setattr(build_store, "load_tokenizer", never)
+    assert _build(snapshot, tokenizer_dir, cache_dir=cache) == path
+    assert _build(snapshot, tokenizer_dir, output=path) == path  # the same store named directly
+    assert sorted(p.name for p in cache.iterdir()) == [path.name]
+
+
+def _edited_tokenizer(tokenizer_dir: Path, out: Path, edit) -> Path:
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    edit(tok)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_identity_follows_tokenizer_template_options_and_snapshot(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def ident(tokenizer=tokenizer_dir, **kw):
+        return short_hash(
+            store_identity(snapshot, tokenizer=tokenizer, rows_per_shard=kw.pop("rows", 32), **kw)
+        )
+
+    same = shutil.copytree(tokenizer_dir, tmp_path / "copy")
+    template = _edited_tokenizer(
+        tokenizer_dir, tmp_path / "template", lambda t: setattr(t, "chat_template", t.chat_template + " ")
+    )
+    vocab = _edited_tokenizer(tokenizer_dir, tmp_path / "vocab", lambda t: t.add_tokens(["<|new|>"]))
+    hashes = {
+        "base": ident(),
+        "template": ident(template),
+        "vocab": ident(vocab),
+        "rows": ident(rows=64),
+        "split": ident(split="validation"),
+        "messages": ident(messages_field="conversation"),
+    }
+    assert ident(same) == hashes["base"] and len(set(hashes.values())) == len(hashes)
+    # Tokenizer objects: their content, not their identity or encoding state, is hashed.
+    one, two = AutoTokenizer.from_pretrained(tokenizer_dir), AutoTokenizer.from_pretrained(tokenizer_dir)
+    two(["some text"], truncation=True, max_length=3, padding="max_length")
+    assert ident(one) == ident(two) != hashes["base"]
+    two.chat_template += " "
+    assert ident(two) != ident(one)
+    # A changed template in a cache directory: a new store, tokenised, beside the old one.
+    cache = tmp_path / "cache"
+    first = _build(snapshot, tokenizer_dir, cache_dir=cache)
+    with _counting(monkeypatch) as calls:
+        second = _build(snapshot, template, cache_dir=cache)
+    assert second != first and len(calls) == SHARDS and (second / "manifest.json").is_file()
+    assert (
+        TokenStore(second).manifest["identity"]["tokenizer"]
+        != TokenStore(first).manifest["identity"]["tokenizer"]
+    )
+
+
+def test_another_identity_at_output_is_an_error_naming_what_differs(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    out = _build(snapshot, tokenizer_dir, output=tmp_path / "store")
+    with pytest.raises(
+        SubsetError, match=r"another identity \(existing vs requested: options\.rows_per_shard: 32 vs 64"
+    ):
+        build_token_store(snapshot, tokenizer=tokenizer_dir, output=out, rows_per_shard=64)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "file").write_text("x")
+    with pytest.raises(SubsetError, match="not empty and holds no token store"):
+        _build(snapshot, tokenizer_dir, output=tmp_path / "junk")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({}, "exactly one of output"),
+    ({"output": "a", "cache_dir": "b"}, "exactly one of output"),
+    ({"output": "a", "num_proc": 0}, "num_proc must be > 0"),
+    ({"output": "a", "tokenizer": "/nonexistent/tok"}, "is not a directory"),
+])  # fmt: skip
+def test_options_are_checked(snapshot: Path, tokenizer_dir: Path, kwargs: dict, message: str) -> None:
+    kwargs = {"tokenizer": tokenizer_dir, **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        build_token_store(snapshot, **kwargs)
+
+
+def test_num_proc_2_writes_the_same_bytes_as_one_process(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, reference: bytes
+) -> None:
+    path = _build(snapshot, tokenizer_dir, output=tmp_path / "store", num_proc=2, batch_size=10)
+    assert (path / "manifest.json").read_bytes() == reference
+    assert formats.verify(path).ok
+    _no_debris(path)
+
+
+# ---------------------------------------------------------------------------------- killed builds
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _build_and_die(snapshot: Path, tokenizer_dir: Path, out: Path, point: str) -> None:
+    """In a forked child: build, SIGKILLed at `point`."""
+    if point == "in shard 4":
+        real_add, seen = ShardWriter.add, []
+
+        def add(self, *args, **kwargs):
+            seen.append(1)
+            if len(seen) == 4:
+                _die()
+            return real_add(self, *args, **kwargs)
+
+        ShardWriter.add = add
+    else:
+        real_staging = build_store.staging_dir
+
+        @contextmanager
+        def staging(dest):
+            with real_staging(dest) as tmp:
+                yield tmp
+                if point == "before the rename":  # the transaction is complete, not yet renamed
+                    _die()
+            _die()  # published; the build directory is still there
+
+        build_store.staging_dir = staging
+    _build(snapshot, tokenizer_dir, output=out)
+    os._exit(3)  # not reached: the kill comes first
+
+
+@pytest.mark.parametrize(
+    ("point", "left"), [("in shard 4", 4), ("before the rename", 0), ("after the rename", 0)]
+)
+def test_a_killed_build_publishes_nothing_and_the_rerun_reuses_finished_shards(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, monkeypatch, reference: bytes, point: str, left: int
+) -> None:
+    out = tmp_path / "out" / "store"
+    child = FORK.Process(target=_build_and_die, args=(snapshot, tokenizer_dir, out, point))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    assert (out / "manifest.json").is_file() == (point == "after the rename")
+    debris = sorted(p.name for p in out.parent.iterdir())
+    assert any(name.startswith(".store.build-") for name in debris)
+    with _counting(monkeypatch) as calls:
+        assert _build(snapshot, tokenizer_dir, output=out) == out
+    assert len(calls) == left  # only the shards the killed run had not finished
+    assert (out / "manifest.json").read_bytes() == reference
+    _no_debris(out)
+
+
+# ---------------------------------------------------------------------------------- gloo process groups
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(
+    rank: int, world: int, port: int, snapshot: Path, tokenizer_dir: Path, out: Path, fail: bool
+) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    calls: list[list[int]] = []
+    real = build_store.tokenize_rows
+
+    def counted(rows, start, stop, **kwargs):
+        if fail and rank == world - 1:
+            raise ConversationError(f"row {start}: planted failure")
+        calls.append([start, stop])
+        return real(rows, start, stop, **kwargs)
+
+    build_store.tokenize_rows = counted
+    result: dict[str, object] = {}
+    try:
+        path = _build(snapshot, tokenizer_dir, output=out)
+        result["built"], calls[:] = list(calls), []
+        assert _build(snapshot, tokenizer_dir, output=out) == path  # a restart: collective reuse
+        result |= {
+            "again": calls,
+            "manifest": hashlib.sha256((path / "manifest.json").read_bytes()).hexdigest(),
+        }
+    except SubsetError as exc:
+        result["error"] = str(exc)
+    except ConversationError as exc:
+        result["error"] = f"own: {exc}"
+    finally:
+        dist.destroy_process_group()
+    (out.parent / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _run_world(
+    world: int, snapshot: Path, tokenizer_dir: Path, out: Path, *, fail: bool = False
+) -> list[dict]:
+    out.parent.mkdir(parents=True)
+    args = (world, _free_port(), snapshot, tokenizer_dir, out, fail)
+    tmp_mp.start_processes(_rank_main, args=args, nprocs=world, join=True, start_method="fork")
+    return [json.loads((out.parent / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.slow
+def test_gloo_world_sizes_1_2_4_write_the_same_store_each_rank_its_own_shards(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, reference: bytes
+) -> None:
+    for world in (1, 2, 4):
+        out = tmp_path / f"world{world}" / "store"
+        ranks = _run_world(world, snapshot, tokenizer_dir, out)
+        assert {r["manifest"] for r in ranks} == {hashlib.sha256(reference).hexdigest()}
+        for rank, result in enumerate(ranks):
+            shards = [k for k in range(SHARDS) if k % world == rank]
+            assert result["built"] == [
+                [k * ROWS_PER_SHARD, min((k + 1) * ROWS_PER_SHARD, TRAIN_ROWS)] for k in shards
+            ]
+            assert result["again"] == []
+        assert sorted(p.name for p in out.parent.iterdir() if not p.name.endswith(".json")) == ["store"]
+
+
+@pytest.mark.slow
+def test_a_failing_rank_raises_on_every_rank_and_nothing_is_published(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, reference: bytes
+) -> None:
+    out = tmp_path / "failing" / "store"
+    ranks = _run_world(2, snapshot, tokenizer_dir, out, fail=True)
+    assert ranks[1]["error"] == "own: row 32: planted failure"
+    assert (
+        ranks[0]["error"] == "rank 1 failed building its shards: ConversationError: row 32: planted failure"
+    )
+    assert not out.exists()
+    # rank 0's finished shards are kept: one process completes the store tokenising only rank 1's
+    with pytest.MonkeyPatch.context() as patch, _counting(patch) as calls:
+        _build(snapshot, tokenizer_dir, output=out)
+    assert [a // ROWS_PER_SHARD for a, _ in calls] == [k for k in range(SHARDS) if k % 2 == 1]
+    assert (out / "manifest.json").read_bytes() == reference
