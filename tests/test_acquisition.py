@@ -435,8 +435,9 @@ def test_nemotron_rows_waiting_for_a_later_shard_are_not_parsed_again_per_shard(
     loads = json.loads
 
     def counting(text: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(text, bytes) and b'"messages"' in text:
-            parsed[text] = parsed.get(text, 0) + 1
+        line = text.encode() if isinstance(text, str) else text
+        if isinstance(line, bytes) and b'"messages"' in line:
+            parsed[line] = parsed.get(line, 0) + 1
         return loads(text, *args, **kwargs)
 
     monkeypatch.setattr(json, "loads", counting)

@@ -95,7 +95,7 @@ def test_format_of_reads_the_name_or_the_documented_fallback(manifest: dict, exp
 @pytest.mark.parametrize(
     ("manifest", "pattern"),
     [
-        ({"format": "puzzletron-token-store", "version": 1}, "unknown format 'puzzletron-token-store'"),
+        ({"format": "puzzletron-future-store", "version": 1}, "unknown format 'puzzletron-future-store'"),
         ({"version": 1}, "no 'format', and not a manifest of a known format"),
         ([1, 2], "expected a JSON object, got list"),
     ],
@@ -163,10 +163,10 @@ def test_a_text_snapshot_written_before_format_loads_verifies_and_is_reused(unna
 
 def test_unknown_format_is_a_verify_problem_and_a_describe_error(subset: Path) -> None:
     manifest = _manifest(subset)
-    manifest["format"] = "puzzletron-token-store"
+    manifest["format"] = "puzzletron-future-store"
     (subset / MANIFEST).write_text(json.dumps(manifest))
     report = formats.verify(subset)
-    assert not report.ok and "unknown format 'puzzletron-token-store'" in report.problems[0]
+    assert not report.ok and "unknown format 'puzzletron-future-store'" in report.problems[0]
     with pytest.raises(SubsetError, match="unknown format"):
         formats.describe(subset)
     with pytest.raises(SubsetError, match="not a conversation subset"):
@@ -200,16 +200,16 @@ def test_a_text_snapshot_of_an_unknown_version_is_refused(text: Path) -> None:
 
 def test_a_new_format_is_one_entry_in_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def verify(path: Path) -> VerifyReport:
-        return VerifyReport(str(path), 7, 0, (), "puzzletron-token-store")
+        return VerifyReport(str(path), 7, 0, (), "puzzletron-future-store")
 
     entry = formats.Format(
         verify=verify,
-        describe=lambda path: {"format": "puzzletron-token-store", "path": str(path)},
+        describe=lambda path: {"format": "puzzletron-future-store", "path": str(path)},
         render=lambda info: [f"token store {info['path']}"],
         counts="{sample_count} sequences",
     )
-    monkeypatch.setitem(FORMATS, "puzzletron-token-store", entry)
-    (tmp_path / MANIFEST).write_text(json.dumps({"format": "puzzletron-token-store", "version": 1}))
+    monkeypatch.setitem(FORMATS, "puzzletron-future-store", entry)
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": "puzzletron-future-store", "version": 1}))
     assert formats.summary(formats.verify(tmp_path)) == "7 sequences"
     assert formats.render(formats.describe(tmp_path)) == [f"token store {tmp_path}"]
 

@@ -10,7 +10,8 @@ shortfall), 2 usage (bad flags or spec fields). The errors are the library's (`P
 `ConfigError` for usage) or an `OSError`; `puzzletron.cli.main` prints them and picks the code.
 
 ``hub fixtures DIR`` writes the fixture repositories; ``hub serve DIR`` serves ``DIR/mirrors`` with the
-Hub API on loopback (olah), prints the endpoint and runs until interrupted.
+Hub API on loopback (olah), prints the endpoint and runs until interrupted; a ``--port`` in use is said
+and exits 1, one outside 1..65535 is a usage error (exit 2).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from dataclasses import fields
 from inspect import signature
 from pathlib import Path
 from typing import Any
+
+from puzzletron.cli._args import port_type
 
 __all__ = ["register"]
 
@@ -61,11 +64,12 @@ def _show_progress(args: argparse.Namespace) -> bool:
 
 
 def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int:
+    from puzzletron.dataset._atomic import publications
     from puzzletron.dataset.acquisition import PROGRESS_LOGGER, _hub
     from puzzletron.dataset.formats import MANIFEST
 
     output = Path(args.output)
-    existed = output.is_dir() and any(output.iterdir())
+    published = publications(output)
     show = _show_progress(args)
     _hub.set_progress_bars(show)
     logger = logging.getLogger(PROGRESS_LOGGER)
@@ -83,8 +87,8 @@ def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int
             logger.setLevel(old_level)
             logger.propagate = old_propagate
             handler.close()
-    line = {
-        "status": "reused" if existed else "done",
+    line = {  # "done" only when this run published the snapshot, whatever was there when it started
+        "status": "done" if publications(output) > published else "reused",
         "adapter": adapter,
         "output": str(output),
         "manifest": str(output / MANIFEST),
@@ -258,5 +262,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     fixtures.set_defaults(handler=_hub_fixtures)
     serve = hub_sub.add_parser("serve", help="serve DIR/mirrors/datasets/<org>/<name> git repos on 127.0.0.1")
     serve.add_argument("dir")
-    serve.add_argument("--port", type=int, default=None, help="port (default: a free one)")
+    serve.add_argument("--port", type=port_type, default=None, help="port 1..65535 (default: a free one)")
     serve.set_defaults(handler=_hub_serve)

@@ -13,12 +13,18 @@ A run killed at any point leaves either no destination or a complete one; its tr
 swept by the next holder of the lock. Because a transaction directory is only ever created by the holder
 of the destination lock, every transaction directory found while holding that lock is stale: this avoids
 trusting pids, which the kernel reuses.
+
+Names: the lock is ``.<name>.lock`` and a transaction ``.<name>.txn-<pid>-<16 hex>`` beside the destination;
+a name too long to take those suffixes within `NAME_MAX` bytes (about 222 bytes and more) uses
+``pz-<32 hex of its SHA-256>`` in their place, so every destination name a file system accepts can be
+written. A longer name is a `ConfigError` (`check_destination`), raised before anything is created.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import re
@@ -29,9 +35,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-__all__ = ["fsync_tree", "locked", "staging_dir", "sweep_stale", "txn_prefix"]
+from puzzletron.dataset.errors import ConfigError
+
+__all__ = [
+    "NAME_MAX",
+    "check_destination",
+    "fsync_tree",
+    "locked",
+    "publications",
+    "staging_dir",
+    "sweep_stale",
+    "tidy",
+    "txn_prefix",
+]
 
 logger = logging.getLogger(__name__)
+
+NAME_MAX = 255  # bytes in one path component (Linux, every common file system)
+_TXN_ROOM = len("..txn-") + 10 + 1 + 16  # what a transaction name adds to the stem (a pid has <= 10 digits)
+_PUBLISHED: dict[str, int] = {}  # how often this process published each destination (`publications`)
 
 # Destinations locked by this process -> the thread holding it; lets `staging_dir` check the protocol.
 _HELD: dict[str, int] = {}
@@ -65,14 +87,45 @@ def fsync_tree(path: Path) -> None:
     _fsync_path(path, directory=True)
 
 
+def check_destination(destination: str | Path, what: str = "output directory") -> Path:
+    """`destination` made absolute; `ConfigError` when its name is longer than `NAME_MAX` bytes (no file
+    system could hold it: better said before any request than as ``File name too long`` after one).
+
+    >>> check_destination("/data/" + "x" * 256)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    puzzletron.dataset.errors.ConfigError: output directory name 'xxx...' is 256 bytes; a file name may ...
+    """
+    path = _normal(Path(destination))
+    size = len(os.fsencode(path.name))
+    if size > NAME_MAX:
+        shown = path.name if len(path.name) <= 32 else f"{path.name[:32]}..."
+        raise ConfigError(f"{what} name {shown!r} is {size} bytes; a file name may have at most {NAME_MAX}")
+    return path
+
+
+def _stem(destination: Path) -> str:
+    """What the lock and transaction names of `destination` are built on: its name, or a digest of it when
+    the name plus the longest suffix would not fit in `NAME_MAX` bytes."""
+    raw = os.fsencode(Path(destination).name)
+    if len(raw) + _TXN_ROOM <= NAME_MAX:
+        return Path(destination).name
+    return f"pz-{hashlib.sha256(raw).hexdigest()[:32]}"
+
+
 def txn_prefix(destination: Path) -> str:
     """The name prefix of transaction directories of `destination` (they live in its parent)."""
-    return f".{Path(destination).name}.txn-"
+    return f".{_stem(destination)}.txn-"
 
 
 def _lock_path(destination: Path) -> Path:
     destination = Path(destination)
-    return destination.parent / f".{destination.name}.lock"
+    return destination.parent / f".{_stem(destination)}.lock"
+
+
+def publications(destination: str | Path) -> int:
+    """How many times this process published `destination` (a `staging_dir` renamed into place): a call
+    that leaves it unchanged reused what was there."""
+    return _PUBLISHED.get(_key(Path(destination)), 0)
 
 
 def _normal(destination: Path) -> Path:
@@ -168,7 +221,7 @@ def locked(destination: Path) -> Iterator[None]:
     Re-entrant within a thread: a nested `locked` of a destination the thread already holds (e.g. a caller
     holding it around `materialize_...`) just yields.
     """
-    destination = _normal(destination)
+    destination = check_destination(destination)
     if _holds(destination):
         yield
         return
@@ -189,6 +242,23 @@ def locked(destination: Path) -> Iterator[None]:
         if not os.path.lexists(destination):
             _remove_empty(created)
         os.close(fd)
+
+
+def tidy(destination: Path) -> None:
+    """Remove what a killed run left beside the complete `destination` (its lock file, transaction
+    directories), under the lock; nothing is locked when there is nothing to remove, so a reader of a
+    complete snapshot needs no lock. Best effort: a file system that refuses (read-only) is left as it is."""
+    destination = _normal(destination)
+    prefix = txn_prefix(destination)
+    try:
+        debris = _lock_path(destination).exists() or any(
+            entry.name.startswith(prefix) for entry in os.scandir(destination.parent)
+        )
+        if debris:
+            with locked(destination):
+                pass  # `locked` sweeps the transactions and removes the lock file on release
+    except OSError as exc:
+        logger.info("left what a killed run left beside %s: %s", destination, exc)
 
 
 def _holds(destination: Path) -> bool:
@@ -224,6 +294,7 @@ def staging_dir(destination: Path) -> Iterator[Path]:
         _fsync_path(destination.parent, directory=True)
         _check_free(destination)
         os.rename(tmp, destination)
+        _PUBLISHED[_key(destination)] = _PUBLISHED.get(_key(destination), 0) + 1
         _fsync_path(destination.parent, directory=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -7,7 +7,7 @@ are never accepted as ints (``True`` is an ``int`` in Python, never a sensible c
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -15,6 +15,7 @@ __all__ = [
     "coerce_enum",
     "did_you_mean",
     "is_int",
+    "plain_mapping",
     "require_bool",
     "require_int",
     "require_positive",
@@ -111,3 +112,19 @@ def did_you_mean(key: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``known``, or ``""``."""
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def plain_mapping(raw: Mapping[Any, Any], name: str, *, error: type[Exception]) -> dict[Any, Any]:
+    """The top-level items of `raw` as a plain dict. An OmegaConf ``DictConfig`` resolves each value on
+    access; a missing interpolation (``${model.seq_len}`` with no such key) or mandatory value (``???``) is
+    ``error`` naming ``{name}.{key}`` in one line instead of OmegaConf's own multi-line exception."""
+    out = {}
+    for key in raw:
+        try:
+            out[key] = raw[key]
+        except Exception as exc:
+            if not type(exc).__module__.startswith("omegaconf"):
+                raise
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise error(f"{name}.{key} cannot be resolved: {reason}") from None
+    return out

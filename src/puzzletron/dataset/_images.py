@@ -5,10 +5,16 @@ Accepted values: a PIL image, an HF `Image` struct `{"bytes", "path"}` (bytes wi
 passes the result on instead of having it decoded twice). URLs and the dataset-viewer `{"src": url}` form are
 errors: nothing here downloads.
 
+Local paths are the caller's: a value that came from a Hub repository is encoded with ``local_paths=False``
+and then a path (or a struct holding only a path) is refused with `HUB_REFERENCE_REASON` before the file
+system is touched, so the reason is the same whether such a file exists or not (``docs/trust-model.md``).
+
 Bytes that decode cleanly are kept exactly as they came (a JPEG photo stays a JPEG: re-encoding photos as PNG
 is several times slower and larger). Only values without an encoded form (a PIL image not backed by a file, an
 array) are encoded, as PNG. Every image is fully decoded once, so truncated data and decompression bombs
-(more than `Image.MAX_IMAGE_PIXELS` pixels) are caught here, not in a training job.
+(more than `Image.MAX_IMAGE_PIXELS` pixels) are caught here, not in a training job. The work is bounded over
+all frames too: an animation (APNG, GIF, WebP, multi-page TIFF) whose frames x canvas pixels exceed
+`Image.MAX_IMAGE_PIXELS` is refused from its header, before any frame is decoded.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ from PIL import Image, UnidentifiedImageError
 
 from puzzletron.dataset.errors import ImageError
 
-__all__ = ["EncodedImage", "encode_image", "extension_for", "probe_image_bytes"]
+__all__ = ["HUB_REFERENCE_REASON", "EncodedImage", "encode_image", "extension_for", "probe_image_bytes"]
+
+# The one reason a Hub row's image reference that is not inside the downloaded files is refused with: it says
+# nothing about the local file system (the file is never looked at). See docs/trust-model.md.
+HUB_REFERENCE_REASON = (
+    "the image reference does not resolve inside the files downloaded from the repository at this revision "
+    "(Hub data may not name local files)"
+)
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://|^data:", re.ASCII)
 _EXTENSIONS = {"JPEG": ".jpg", "MPO": ".jpg", "PNG": ".png", "WEBP": ".webp", "GIF": ".gif", "TIFF": ".tiff"}
@@ -61,13 +74,21 @@ def extension_for(fmt: str) -> str:
     return _EXTENSIONS.get(fmt.upper(), f".{fmt.lower()}")
 
 
-def _check_pixels(width: int, height: int, where: str) -> None:
-    """Refuse an image of more than ``Image.MAX_IMAGE_PIXELS`` pixels (a decompression bomb)."""
+def _check_pixels(width: int, height: int, where: str, frames: int = 1) -> None:
+    """Refuse an image of more than ``Image.MAX_IMAGE_PIXELS`` pixels (a decompression bomb), counting every
+    frame of an animation: decoding a frame costs a whole canvas, so the bound is frames x pixels."""
     limit = Image.MAX_IMAGE_PIXELS
-    if limit is not None and width * height > limit:
+    if limit is None:
+        return
+    if width * height > limit:
         raise ImageError(
             f"{where}: decompression bomb: {width}x{height} = {width * height} pixels exceeds "
             f"Image.MAX_IMAGE_PIXELS = {limit}"
+        )
+    if frames * width * height > limit:
+        raise ImageError(
+            f"{where}: decompression bomb: {frames} frames of {width}x{height} = {frames * width * height} "
+            f"pixels to decode exceeds Image.MAX_IMAGE_PIXELS = {limit}"
         )
 
 
@@ -80,9 +101,9 @@ def _decode(data: bytes, where: str) -> tuple[str, int, int]:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as img:
                 fmt, (width, height) = img.format, img.size
-                _check_pixels(width, height, where)
+                frames = getattr(img, "n_frames", 1)  # from the header (APNG acTL, WebP, ...): no decoding
+                _check_pixels(width, height, where, frames if isinstance(frames, int) else 1)
                 img.load()
-                frames = getattr(img, "n_frames", 1)
                 for frame in range(1, frames):
                     img.seek(frame)
                     img.load()
@@ -123,12 +144,16 @@ def _png(img: Image.Image, where: str) -> EncodedImage:
     return EncodedImage(data, "PNG", width, height, hashlib.sha256(data).hexdigest(), reencoded=True)
 
 
-def _read_local(path: str | Path, where: str) -> bytes:
+def _read_local(path: str | Path, where: str, local_paths: bool) -> bytes:
+    if not local_paths:  # Hub data: refused before the file system is looked at (docs/trust-model.md)
+        raise ImageError(f"{where}: {HUB_REFERENCE_REASON}")
     text = str(path)
     if _URL.match(text):
         raise ImageError(
             f"{where}: {text!r} is a URL; materialisation never downloads, pass bytes or a local file"
         )
+    if "\x00" in text:
+        raise ImageError(f"{where}: local image path {text!r} contains a NUL byte")
     file = Path(path)
     if not file.is_file():
         raise ImageError(f"{where}: local image file {text!r} does not exist or is not a regular file")
@@ -157,10 +182,12 @@ def _already_encoded(value: EncodedImage, where: str) -> EncodedImage:
     return value
 
 
-def encode_image(value: Any, *, where: str = "image") -> EncodedImage:
+def encode_image(value: Any, *, where: str = "image", local_paths: bool = True) -> EncodedImage:
     """Turn an accepted image value into validated encoded bytes plus its format, size and SHA-256.
 
     `where` names the row and field in every error message (`ImageError`, a `ConversationError`).
+    `local_paths=False` (a value from a Hub repository) refuses a path, or a struct with only a path, with
+    `HUB_REFERENCE_REASON` without looking at the file system (``docs/trust-model.md``).
     A PIL image opened from a file keeps that file's bytes when they decode to the same format and size
     (an image changed in place after opening would lose the change: pass a copy, which has no file).
     An `EncodedImage` (this function's own result) is returned as it is, after a hash check, not decoded.
@@ -178,7 +205,7 @@ def encode_image(value: Any, *, where: str = "image") -> EncodedImage:
     if isinstance(value, bytes | bytearray | memoryview):
         return _kept(bytes(value), where)
     if isinstance(value, str | Path):
-        return _kept(_read_local(value, where), where)
+        return _kept(_read_local(value, where, local_paths), where)
     if isinstance(value, Mapping):
         if "src" in value or "url" in value:
             url = value.get("src", value.get("url"))
@@ -192,7 +219,7 @@ def encode_image(value: Any, *, where: str = "image") -> EncodedImage:
                 raise ImageError(f"{where}: struct 'bytes' must be bytes, got {type(data).__name__}")
             return _kept(bytes(data), where)
         if path:
-            return _kept(_read_local(path, where), where)
+            return _kept(_read_local(path, where, local_paths), where)
         raise ImageError(f"{where}: image struct has neither 'bytes' nor 'path'")
     if hasattr(value, "__array_interface__"):
         try:

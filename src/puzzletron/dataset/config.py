@@ -23,7 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from puzzletron.dataset._checks import coerce_enum, did_you_mean, require_bool, require_positive
+from puzzletron.dataset._checks import (
+    coerce_enum,
+    did_you_mean,
+    plain_mapping,
+    require_bool,
+    require_int,
+    require_positive,
+)
 from puzzletron.dataset._enums import DataLayout, Modality
 from puzzletron.dataset.errors import ConfigError
 
@@ -33,6 +40,7 @@ _PACKING_KEYS = ("pack_size", "packing_ratio", "drop_long_samples", "long_sample
 # What happens to a sample longer than pack_size (docs: puzzletron.dataset.packing._units).
 LONG_SAMPLE_POLICIES = ("drop", "raise", "truncate", "split")
 _SPEC_KEYS = ("modality", "layout", "max_sample_length", "packing")
+_MAX_TOKENS = 2**31 - 1  # token counts and offsets are int32 at the model boundary (cu_seqlens)
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ class PackingSpec:
 
     def __post_init__(self) -> None:
         require_positive(self.pack_size, "data.packing.pack_size", error=ConfigError)
+        require_int(self.pack_size, "data.packing.pack_size", maximum=_MAX_TOKENS, error=ConfigError)
         ratio = self.packing_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, int | float):
             raise ConfigError(f"data.packing.packing_ratio must be a number in (0, 1]; got {ratio!r}")
@@ -87,6 +96,7 @@ class PackingSpec:
         """Parse a ``data.packing`` block: ``pack_size`` required, unknown keys rejected with a suggestion."""
         if not isinstance(raw, Mapping):
             raise ConfigError(f"data.packing must be a mapping or null; got {type(raw).__name__}")
+        raw = plain_mapping(raw, "data.packing", error=ConfigError)
         unknown = [str(k) for k in raw if k not in _PACKING_KEYS]
         if unknown:
             hints = "; ".join(f"data.packing.{k}{did_you_mean(k, _PACKING_KEYS)}" for k in sorted(unknown))
@@ -121,6 +131,7 @@ class PuzzletronDataSpec:
             self, "layout", coerce_enum(DataLayout, self.layout, "data.layout", error=ConfigError)
         )
         require_positive(self.max_sample_length, "data.max_sample_length", error=ConfigError)
+        require_int(self.max_sample_length, "data.max_sample_length", maximum=_MAX_TOKENS, error=ConfigError)
         if self.packing is not None and not isinstance(self.packing, PackingSpec):
             raise ConfigError(
                 f"data.packing must be a PackingSpec or null; got {type(self.packing).__name__}"
@@ -153,6 +164,7 @@ class PuzzletronDataSpec:
         """Parse a Hydra ``data:`` block (a dict or an OmegaConf ``DictConfig``); see the module docstring."""
         if not isinstance(raw, Mapping):
             raise ConfigError(f"data must be a mapping; got {type(raw).__name__}")
+        raw = plain_mapping(raw, "data", error=ConfigError)
         if "varlen" in raw:
             raise ConfigError(
                 "data.varlen is no longer supported: set data.layout: packed_varlen (with a data.packing "

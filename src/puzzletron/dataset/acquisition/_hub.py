@@ -8,10 +8,15 @@ stop as soon as they have enough rows, so a bounded snapshot downloads a bounded
 
 The endpoint (``HF_ENDPOINT``), cache (``HF_HUB_CACHE`` / ``HF_HOME``) and token (``HF_TOKEN``) are read
 from the environment at every call, not at import time, and passed explicitly.
+
+Nothing from the Hub is trusted (``docs/trust-model.md``): every downloaded file is checked against the size
+and hash the Hub lists for it before it is used (`_integrity`; one that differs is fetched again, then an
+error), and a dataset card's ``configs:`` block of any other shape than documented is an `AcquisitionError`.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import logging
 import os
@@ -21,14 +26,16 @@ import tarfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub import errors as hf_errors
+from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import close_session
 
+from puzzletron.dataset.acquisition import _integrity
 from puzzletron.dataset.errors import AcquisitionError
 
 __all__ = [
@@ -51,6 +58,10 @@ logger = logging.getLogger(__name__)
 _SHA = re.compile(r"[0-9a-f]{40}")
 _T = TypeVar("_T")
 _DEFAULT_ENDPOINT = "https://huggingface.co"
+# Repository listings by (source, commit sha): a commit names its files for good, on any endpoint.
+_LISTINGS: dict[tuple[str, str], dict[str, Any]] = {}
+# Failures of the local disk, not of the connection: said as such, with the cache folder.
+_DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
 
 
 def endpoint() -> str:
@@ -146,12 +157,23 @@ def hub_errors(source: str, revision: str | None, action: str) -> Iterator[None]
         else:
             fix = "check the source, revision and HF_ENDPOINT"
         raise AcquisitionError(f"{action} {where}: HTTP {status}; {fix}") from exc
-    except (hf_errors.HTTPError, hf_errors.EntryNotFoundError, OSError) as exc:
+    except OSError as exc:
+        if exc.errno not in _DISK_ERRORS:
+            raise _connection_failed(action, where, exc) from exc
         raise AcquisitionError(
-            f"{action} {where}: {type(exc).__name__}: {exc}; the connection failed or the file is missing "
-            "at this revision. Check that HF_ENDPOINT is reachable and the revision has the file, then "
-            "rerun (completed downloads are cached and reused)"
+            f"{action} {where}: cannot write the Hub cache at {cache_dir()} ({exc.strerror or exc}); free "
+            "space there or point HF_HOME (or HF_HUB_CACHE) at a writable file system with room, then rerun"
         ) from exc
+    except (hf_errors.HTTPError, hf_errors.EntryNotFoundError) as exc:
+        raise _connection_failed(action, where, exc) from exc
+
+
+def _connection_failed(action: str, where: str, exc: BaseException) -> AcquisitionError:
+    return AcquisitionError(
+        f"{action} {where}: {type(exc).__name__}: {exc}; the connection failed or the file is missing "
+        "at this revision. Check that HF_ENDPOINT is reachable and the revision has the file, then "
+        "rerun (completed downloads are cached and reused)"
+    )
 
 
 def resolve_revision(source: str, revision: str | None) -> str:
@@ -171,49 +193,122 @@ def resolve_revision(source: str, revision: str | None) -> str:
     return info.sha  # type: ignore[return-value]
 
 
-def split_patterns(source: str, revision: str) -> dict[str, list[str]]:
-    """``{split: [glob, ...]}`` of the default config (the README ``configs:`` block) at `revision`."""
-    with hub_errors(source, revision, "reading the dataset card of"):
-        info = _api(lambda api: api.dataset_info(source, revision=revision))
-    card = info.card_data.to_dict() if info.card_data is not None else {}
-    out: dict[str, list[str]] = {}
-    for config in card.get("configs") or []:
+def _card_error(source: str, revision: str, problem: str) -> AcquisitionError:
+    return AcquisitionError(
+        f"{source}@{revision} on {endpoint()}: the dataset card's configs: block {problem}; expected "
+        "configs: [{config_name, data_files: [{split, path}]}] (docs/sources.md)"
+    )
+
+
+def _card_entries(source: str, revision: str, configs: Any) -> Iterator[tuple[str, list[str]]]:
+    """``(split, [glob, ...])`` of each ``data_files`` entry of the default config; any other shape than
+    the documented one is an `AcquisitionError` (a card is data from the Hub, not trusted)."""
+    if not isinstance(configs, list):
+        raise _card_error(source, revision, f"is a {type(configs).__name__}, not a list of configs")
+    for config in configs:
+        if not isinstance(config, dict):
+            raise _card_error(source, revision, f"has a config that is not a mapping: {config!r}")
         if config.get("config_name", "default") != "default":
             continue
         entries = config.get("data_files") or []
         for entry in [entries] if isinstance(entries, str | dict) else entries:
             fields = entry if isinstance(entry, dict) else {}
             split, paths = fields.get("split"), fields.get("path")
-            if not isinstance(split, str) or not isinstance(paths, str | list):
-                raise AcquisitionError(
-                    f"{source}@{revision} on {endpoint()}: the dataset card's configs: block has a "
-                    f"data_files entry without a split name and path(s): {entry!r}"
+            if not isinstance(split, str) or paths is None:
+                raise _card_error(
+                    source, revision, f"has a data_files entry without a split and path(s): {entry!r}"
                 )
-            out[split] = [paths] if isinstance(paths, str) else list(paths)
-    return out
+            paths = [paths] if isinstance(paths, str) else paths
+            if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
+                raise _card_error(source, revision, f"has a data_files path that is not a string: {entry!r}")
+            yield split, paths
+
+
+def split_patterns(source: str, revision: str) -> dict[str, list[str]]:
+    """``{split: [glob, ...]}`` of the default config (the README ``configs:`` block) at `revision`."""
+    with hub_errors(source, revision, "reading the dataset card of"):
+        info = _api(lambda api: api.dataset_info(source, revision=revision))
+    card = info.card_data.to_dict() if hasattr(info.card_data, "to_dict") else info.card_data
+    if card is None:
+        return {}
+    if not isinstance(card, dict):
+        raise _card_error(source, revision, f"cannot be read: the card's metadata is a {type(card).__name__}")
+    return dict(_card_entries(source, revision, card.get("configs") or []))
+
+
+def _listing(source: str, revision: str) -> dict[str, Any]:
+    """``{path: RepoFile}`` of every file at `revision` (sizes, blob ids, LFS hashes); cached per commit."""
+    key = (source, revision)
+    if key not in _LISTINGS:
+        with hub_errors(source, revision, "listing files of"):
+            entries = _api(
+                lambda api: list(
+                    api.list_repo_tree(source, repo_type="dataset", revision=revision, recursive=True)
+                )
+            )
+        files = {entry.path: entry for entry in entries if isinstance(entry, RepoFile)}
+        if not is_commit_sha(revision):
+            return files
+        _LISTINGS[key] = files
+    return _LISTINGS[key]
 
 
 def list_files(source: str, revision: str, pattern: str = "*") -> list[str]:
     """Sorted repository paths at `revision` matching the glob `pattern` (``*`` crosses ``/``)."""
-    with hub_errors(source, revision, "listing files of"):
-        files = _api(lambda api: api.list_repo_files(source, repo_type="dataset", revision=revision))
-    return sorted(f for f in files if fnmatch.fnmatchcase(f, pattern))
+    return sorted(f for f in _listing(source, revision) if fnmatch.fnmatchcase(f, pattern))
+
+
+def _fetch(source: str, path: str, revision: str, *, force: bool) -> Path:
+    with hub_errors(source, revision, f"downloading {path} of"):
+        return Path(
+            hf_hub_download(
+                source,
+                path,
+                repo_type="dataset",
+                revision=revision,
+                endpoint=endpoint(),
+                cache_dir=cache_dir(),
+                token=_token(),
+                force_download=force,
+            )
+        )
+
+
+def _expected(source: str, path: str, revision: str, local: Path) -> _integrity.Digest | None:
+    """What the Hub says `path` is: its listing at `revision`, else (no listing reachable) the ETag the
+    cached file was downloaded under; None when neither says."""
+    try:
+        entry = _listing(source, revision).get(path)
+    except AcquisitionError as exc:
+        logger.info(
+            "no listing of %s@%s (%s); checking %s against its cache entry", source, revision, exc, path
+        )
+        entry = None
+    digest = _integrity.from_listing(entry) if entry is not None else None
+    return digest or _integrity.from_cache_blob(local)
 
 
 def download(source: str, path: str, revision: str) -> Path:
-    """The local path of the whole file `path` at `revision` (downloaded once into the Hub cache)."""
-    with hub_errors(source, revision, f"downloading {path} of"):
-        local = hf_hub_download(
-            source,
-            path,
-            repo_type="dataset",
-            revision=revision,
-            endpoint=endpoint(),
-            cache_dir=cache_dir(),
-            token=_token(),
-        )
+    """The local path of the whole file `path` at `revision` (downloaded once into the Hub cache), checked
+    against the size and hash the Hub gives for it: a cached file that differs (truncated, replaced) is
+    fetched again, and one that still differs is an `AcquisitionError`."""
+    local = _fetch(source, path, revision, force=False)
+    expected = _expected(source, path, revision, local)
+    if expected is None:
+        logger.warning("%s/%s@%s: the Hub gives no size or hash to check it against", source, path, revision)
+        return local
+    problem = _integrity.mismatch(local, expected)
+    if problem is not None:
+        logger.warning("%s/%s@%s in the Hub cache: %s; fetching it again", source, path, revision, problem)
+        local = _fetch(source, path, revision, force=True)
+        problem = _integrity.mismatch(local, expected)
+        if problem is not None:
+            raise AcquisitionError(
+                f"{source}@{revision} on {endpoint()}: {path} as downloaded does not match the Hub: "
+                f"{problem}; check that HF_ENDPOINT serves this repository unchanged, then rerun"
+            )
     logger.debug("fetched %s/%s@%s -> %s", source, path, revision, local)
-    return Path(local)
+    return local
 
 
 def _unreadable(path: Path, kind: str, exc: BaseException) -> AcquisitionError:

@@ -108,27 +108,50 @@ def _reason(exc: BaseException) -> str:
 def _check_images(sample: dict[str, Any]) -> None:
     """Decode every image of `sample` fully, replacing each item's value with its `EncodedImage` (the
     materialiser stores that as it is, without decoding the image a second time); raise `ImageError` (a
-    `ConversationError`) naming the row and image on the first defect."""
+    `ConversationError`) naming the row and image on the first defect.
+
+    The row came from a Hub repository: its image must be bytes it carried or joined from the files
+    downloaded with it; a path (or a struct with only a path) is refused with the one uniform
+    `HUB_REFERENCE_REASON`, without looking at the local file system (``docs/trust-model.md``)."""
     where = f"{sample['source']['dataset']} row {sample['source'].get('row_id')!r}"
     index = 0
     for turn in sample["conversation"]:
         for item in turn["content"]:
             if item.get("type") == "image":
-                item["image"] = encode_image(item["image"], where=f"{where} image {index}")
+                item["image"] = encode_image(item["image"], where=f"{where} image {index}", local_paths=False)
                 index += 1
+
+
+def _recordable(row_id: Any) -> Any:
+    """A row id fit for ``diagnostics.rejected_rows``: a string, an int or None as it is, anything else
+    (bytes, a float, a structure from a hostile row) as a short ``repr``.
+
+    >>> _recordable("r1"), _recordable(7), _recordable(b"x"), _recordable(True)
+    ('r1', 7, "b'x'", 'True')
+    """
+    if (
+        row_id is None
+        or isinstance(row_id, str)
+        or (isinstance(row_id, int) and not isinstance(row_id, bool))
+    ):
+        return row_id
+    return repr(row_id)[:80]
 
 
 def screen(
     row: Any, normalize: Callable[[Any], dict[str, Any]]
 ) -> tuple[dict[str, Any] | None, Any, str | None]:
     """``(sample, row_id, None)`` for a row that normalises and whose images decode, else
-    ``(None, row_id, reason)``; a `RejectedRow` keeps the loader's reason."""
+    ``(None, row_id, reason)``; a `RejectedRow` keeps the loader's reason. Every row is Hub data
+    (whichever loader produced it): no local file is read for it."""
     if isinstance(row, RejectedRow):
-        return None, row.row_id, row.reason
-    row_id = row.get("id") if isinstance(row, Mapping) else None
+        return None, _recordable(row.row_id), row.reason
+    row_id = _recordable(row.get("id") if isinstance(row, Mapping) else None)
     try:
         sample = normalize(row)
         _check_images(sample)
     except ConversationError as exc:
         return None, row_id, _reason(exc)
+    except RecursionError:  # a row from an injected loader nested deeper than Python can copy
+        return None, row_id, "the row nests values too deep to be read"
     return sample, row_id, None

@@ -14,6 +14,7 @@ from typing import Any
 from puzzletron.dataset._checks import require_int
 from puzzletron.dataset.acquisition import _hub
 from puzzletron.dataset.acquisition._sources import RejectedRow, parquet_shards, progress, screen
+from puzzletron.dataset.acquisition.specs import output_path
 from puzzletron.dataset.conversation import INTERSYN_MULTI_DATASET as INTERSYN_MULTI_SOURCE
 from puzzletron.dataset.conversation import (
     INTERSYN_MULTI_REVISION,
@@ -40,6 +41,20 @@ def _hub_parquet_rows(source: str, *, split: str, revision: str) -> Iterator[dic
             yield from table.to_pylist()
 
 
+def _from(
+    source: str, revision: str, normalize: Callable[[Mapping[str, Any]], dict[str, Any]]
+) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """`normalize`, with the sample's source set to what was read (so image errors name it too)."""
+
+    def normalized(row: Mapping[str, Any]) -> dict[str, Any]:
+        sample = normalize(row)
+        sample["source"]["dataset"] = source
+        sample["source"]["revision"] = revision
+        return sample
+
+    return normalized
+
+
 def _intersyn_samples(
     sources: Sequence[_Source],
     rows_per_source: int,
@@ -49,12 +64,10 @@ def _intersyn_samples(
     for source, split, revision, normalize in sources:
         kept = 0
         for row in loader(source, split=split, revision=revision):
-            sample, row_id, reason = screen(row, normalize)
+            sample, row_id, reason = screen(row, _from(source, revision, normalize))
             if sample is None:
                 diagnostics["rejected_rows"].append({"dataset": source, "row_id": row_id, "reason": reason})
                 continue
-            sample["source"]["dataset"] = source
-            sample["source"]["revision"] = revision
             kept += 1
             diagnostics["materialized_rows"][source] = kept
             progress("samples", 1, 2 * rows_per_source)
@@ -91,6 +104,7 @@ def materialize_intersyn_subset(
     rows_per_source = require_int(
         rows_per_source, "materialize_intersyn_subset.rows_per_source", minimum=1, error=ConfigError
     )
+    output_dir = output_path(output_dir, "materialize_intersyn_subset.output_dir")
     sources: list[_Source] = [
         (single_turn_source, "train", single_turn_revision, normalize_intersyn_single),
         (multi_turn_source, "multi", multi_turn_revision, normalize_intersyn_multi),
@@ -108,7 +122,7 @@ def materialize_intersyn_subset(
     samples = _intersyn_samples(sources, rows_per_source, dataset_loader or _hub_parquet_rows, diagnostics)
     return materialize_normalized_conversation_samples(
         samples,
-        Path(output_dir),
+        output_dir,
         acquisition=acquisition,
         diagnostics=diagnostics,
         expected_count=2 * rows_per_source,

@@ -8,7 +8,6 @@ others. The snapshot is a conversation subset (``docs/subset-format.md``).
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -16,12 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from puzzletron.dataset._images import HUB_REFERENCE_REASON
 from puzzletron.dataset.acquisition import _hub
 from puzzletron.dataset.acquisition._sources import RejectedRow, check_reusable, nonempty, progress, screen
 from puzzletron.dataset.acquisition.quotas import largest_remainder_quotas, redistribute_deficit
 from puzzletron.dataset.acquisition.specs import VlmAcquisitionSpec
 from puzzletron.dataset.conversation import normalize_nemotron_vlm_sample
 from puzzletron.dataset.errors import AcquisitionError, ConversationError, SubsetError
+from puzzletron.dataset.formats._manifest import parse_json
 from puzzletron.dataset.formats.subset_reader import read_manifest
 from puzzletron.dataset.formats.subset_writer import materialize_normalized_conversation_samples
 
@@ -31,8 +32,9 @@ logger = logging.getLogger(__name__)
 
 
 def _image_refs(row: Mapping[str, Any]) -> list[str]:
-    refs = []
-    for turn in row.get("messages") or []:
+    refs: list[str] = []
+    messages = row.get("messages")
+    for turn in messages if isinstance(messages, list) else ():
         content = turn.get("content") if isinstance(turn, Mapping) else None
         if isinstance(content, str) or not isinstance(content, Sequence):
             continue
@@ -54,8 +56,17 @@ def _jsonl_offsets(path: Path) -> list[int]:
     return offsets
 
 
+def _escapes(ref: str) -> bool:
+    """A reference shaped like a path out of the download (absolute, ``..``, a NUL byte): Hub data naming
+    local files. It gets the one uniform reason, like any other Hub image reference that does not resolve
+    inside what was downloaded (``docs/trust-model.md``)."""
+    return ref.startswith(("/", "\\")) or ".." in ref.replace("\\", "/").split("/") or "\x00" in ref
+
+
 def _missing_images(missing: list[str], shards: int) -> str:
     """Why a row whose images are not in the media shards is rejected (stored in manifests: keep stable)."""
+    if any(_escapes(ref) for ref in missing):
+        return HUB_REFERENCE_REASON
     if shards:
         return f"image(s) {missing} not found in any of the {shards} tar shards"
     return (
@@ -100,10 +111,10 @@ def hub_vlm_rows(
         def parse(offset: int) -> dict[str, Any] | RejectedRow:
             handle.seek(offset)
             line = handle.readline()
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                return RejectedRow(f"{subset}@{offset}", f"invalid JSON at byte {offset}: {exc}")
+            try:  # not UTF-8, not JSON, nested too deep: that row is rejected, the others go on
+                row = parse_json(line, f"the line at byte {offset}")
+            except ValueError as exc:
+                return RejectedRow(f"{subset}@{offset}", str(exc))
             return row if isinstance(row, dict) else RejectedRow(f"{subset}@{offset}", "not a JSON object")
 
         pending: list[tuple[int, list[str] | None]] = [(offset, None) for offset in offsets]

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from puzzletron.dataset._atomic import locked, staging_dir
+from puzzletron.dataset._atomic import locked, staging_dir, tidy
 from puzzletron.dataset.acquisition import _hub
 from puzzletron.dataset.acquisition._sources import check_reusable, nonempty, parquet_shards, progress
 from puzzletron.dataset.acquisition.specs import TextAcquisitionSpec
-from puzzletron.dataset.errors import AcquisitionError, SubsetError
+from puzzletron.dataset.conversation import ROLES
+from puzzletron.dataset.errors import AcquisitionError, ConversationError, SubsetError
 from puzzletron.dataset.formats._manifest import MANIFEST
 from puzzletron.dataset.formats.text_snapshot import read_text_snapshot, write_text_snapshot
 
@@ -42,6 +44,54 @@ def _concat(parts: list[pa.Table], source: str, revision: str, split: str) -> pa
         raise AcquisitionError(
             f"{source}@{revision} split {split!r}: the shards do not share one schema ({exc})"
         ) from exc
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _first(mask: pa.Array) -> int | None:
+    """The first index where the boolean `mask` is true (nulls count as false), or None."""
+    hits = pc.indices_nonzero(pc.fill_null(mask, False))
+    return int(hits[0].as_py()) if len(hits) else None
+
+
+def _check_messages(table: pa.Table, where: str) -> None:
+    """Refuse rows without the Puzzle-KD ``messages`` structure (``docs/sources.md``): a column of non-empty
+    lists of ``{role, content}`` strings, roles ``system``/``user``/``assistant``. Said here, naming the row,
+    rather than at tokenisation; a source is Hub data, not trusted (``docs/trust-model.md``)."""
+    if "messages" not in table.column_names:
+        raise ConversationError(
+            f"{where}: no 'messages' column (columns {table.column_names}); not the Puzzle-KD schema"
+        )
+    kind = table.schema.field("messages").type
+    item = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
+    names = {f.name: f.type for f in item} if item is not None and pa.types.is_struct(item) else {}
+    if not all(name in names and _is_text(names[name]) for name in ("role", "content")):
+        raise ConversationError(
+            f"{where}: column 'messages' is {kind}; expected list<struct<role: string, content: string>>"
+        )
+    messages = table.column("messages").combine_chunks()
+    row = _first(pc.or_kleene(pc.is_null(messages), pc.equal(pc.list_value_length(messages), 0)))
+    problem = "has no messages"
+    if row is None:
+        turns = pc.list_flatten(messages)
+        owner = pc.list_parent_indices(messages)
+        roles, contents = pc.struct_field(turns, "role"), pc.struct_field(turns, "content")
+        for mask, what in (
+            (
+                pc.invert(pc.fill_null(pc.is_in(roles, value_set=pa.array(ROLES)), False)),
+                "a turn whose role is not one of system, user, assistant",
+            ),
+            (pc.is_null(contents), "a turn without content"),
+        ):
+            turn = _first(mask)
+            if turn is not None:
+                row, problem = int(owner[turn].as_py()), f"has {what}"
+                break
+    if row is not None:
+        uuid = table.column("uuid")[row].as_py() if "uuid" in table.column_names else None
+        raise ConversationError(f"{where}: row {row} (uuid {uuid!r}) {problem}; not the Puzzle-KD schema")
 
 
 def _hub_split_table(source: str, split: str, revision: str, seed: int, count: int) -> pa.Table:
@@ -101,10 +151,11 @@ def materialize_puzzle_kd_dataset(
     replace the Hub reader; it yields row mappings already in the order to keep.
     """
     out = Path(spec.output_dir)
-    if (out / MANIFEST).is_file():
+    if (out / MANIFEST).is_file():  # a published snapshot is complete: read without a lock (read-only mounts)
         manifest = read_text_snapshot(out)
         check_reusable(manifest.get("acquisition", {}), spec, revision_resolver, out)
         logger.info("reusing Puzzle-KD snapshot at %s", out)
+        tidy(out)
         return manifest
     if nonempty(out):
         raise SubsetError(
@@ -127,6 +178,7 @@ def materialize_puzzle_kd_dataset(
                     tables[split] = _hub_split_table(spec.source, split, revision, seed, count)
                 else:
                     tables[split] = _loader_table(dataset_loader, spec.source, split, revision, seed, count)
+                _check_messages(tables[split], f"{spec.source}@{revision} split {split!r}")
             manifest = write_text_snapshot(tmp, tables, acquisition=identity)
     logger.info("published Puzzle-KD snapshot %s@%s at %s", spec.source, revision, out)
     return manifest

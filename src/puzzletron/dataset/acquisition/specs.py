@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
+from puzzletron.dataset._atomic import check_destination
 from puzzletron.dataset._checks import require_int
 from puzzletron.dataset.conversation import NEMOTRON_VLM_DATASET
 from puzzletron.dataset.errors import ConfigError
@@ -21,11 +22,29 @@ __all__ = [
     "PUZZLE_KD_DATASET",
     "TextAcquisitionSpec",
     "VlmAcquisitionSpec",
+    "output_path",
 ]
 
 PUZZLE_KD_ADAPTER = "puzzle_kd_v2"
 NEMOTRON_VLM_ADAPTER = "nemotron_vlm_v2"
 PUZZLE_KD_DATASET = "nvidia/Puzzle-KD-Nemotron-Post-Training-Dataset-v2"
+
+
+def output_path(value: Any, what: str) -> Path:
+    """`value` as the `Path` of a snapshot directory; `ConfigError` naming `what` when it is not a path, its
+    name is too long for any file system (`check_destination`), or it is not valid UTF-8 (pyarrow and
+    `datasets` cannot open such a path, so the snapshot could be written but never read or verified)."""
+    if not isinstance(value, str | Path) or not str(value):
+        raise ConfigError(f"{what} must be a path, got {value!r}")
+    try:
+        str(value).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"{what} {str(value)!r} is not valid UTF-8; pyarrow and datasets cannot open such a path, so "
+            "choose a UTF-8 name"
+        ) from None
+    check_destination(value, what)
+    return Path(value)
 
 
 def _int(spec: Any, name: str, value: Any, minimum: int | None = 1) -> int:
@@ -41,9 +60,7 @@ def _common_checks(spec: Any, *positive: str) -> None:
     """Check (and normalise) the fields every spec has (output_dir, seed, revision, source) and the
     `positive` int fields."""
     owner = type(spec).__name__
-    if not isinstance(spec.output_dir, str | Path) or not str(spec.output_dir):
-        raise ConfigError(f"{owner}.output_dir must be a path, got {spec.output_dir!r}")
-    object.__setattr__(spec, "output_dir", Path(spec.output_dir))
+    object.__setattr__(spec, "output_dir", output_path(spec.output_dir, f"{owner}.output_dir"))
     _set_int(spec, "seed", minimum=None)
     if spec.revision is not None and (not isinstance(spec.revision, str) or not spec.revision.strip()):
         raise ConfigError(f"{owner}.revision must be None or a non-empty string, got {spec.revision!r}")

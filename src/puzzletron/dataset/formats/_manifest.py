@@ -28,12 +28,14 @@ __all__ = [
     "human_size",
     "inside",
     "load_json",
+    "parse_json",
     "require_same_acquisition",
     "sha256_file",
     "verify_file",
 ]
 
 MANIFEST = "manifest.json"
+MAX_JSON_DEPTH = 64  # deeper than anything we write or read from a source (a Nemotron row is ~6 levels)
 _CHUNK = 1 << 20
 
 
@@ -65,15 +67,60 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_json(path: Path, what: str) -> Any:
-    """The JSON value in the file `path`; `SubsetError` saying `what` is missing or unreadable."""
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists/objects more than `limit` levels (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def parse_json(data: bytes | str, what: str) -> Any:
+    """The JSON value of `data` (UTF-8 when bytes); `ValueError` saying what is wrong with it: not UTF-8, not
+    JSON, or nested more than `MAX_JSON_DEPTH` levels (the parser would otherwise hit `RecursionError`).
+
+    >>> parse_json(b'{"a": [1]}', "x")
+    {'a': [1]}
+    >>> parse_json("[" * 100 + "]" * 100, "line 3")
+    Traceback (most recent call last):
+    ValueError: line 3 nests JSON more than 64 levels deep
+    """
+    if isinstance(data, bytes | bytearray):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{what} is not valid UTF-8 (byte {exc.start})") from None
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        value = json.loads(data)
+    except RecursionError:
+        value, deep = None, True
+    except ValueError as exc:
+        raise ValueError(f"{what} is not JSON: {exc}") from None
+    else:
+        deep = _too_deep(value, MAX_JSON_DEPTH)
+    if deep:
+        raise ValueError(f"{what} nests JSON more than {MAX_JSON_DEPTH} levels deep")
+    return value
+
+
+def load_json(path: Path, what: str) -> Any:
+    """The JSON value in the file `path`; `SubsetError` saying `what` is missing or unreadable (not UTF-8, not
+    JSON, nested too deep: `parse_json`)."""
+    try:
+        with open(path, "rb") as fh:
+            return parse_json(fh.read(), what)
     except FileNotFoundError as exc:
         raise SubsetError(f"{path}: {what} is missing") from exc
-    except (OSError, ValueError) as exc:
-        raise SubsetError(f"{path}: {what} is unreadable or not valid JSON: {exc}") from exc
+    except OSError as exc:
+        raise SubsetError(f"{path}: {what} is unreadable: {exc}") from exc
+    except ValueError as exc:
+        raise SubsetError(f"{path}: {exc}") from exc
 
 
 def inside(root: Path, rel: Any, what: str, *, noun: str = "image path", within: str = "the subset") -> Path:
@@ -88,6 +135,8 @@ def inside(root: Path, rel: Any, what: str, *, noun: str = "image path", within:
     """
     if not isinstance(rel, str) or not rel:
         raise SubsetError(f"{what}: {noun} {rel!r} must be a non-empty relative path string")
+    if "\x00" in rel:
+        raise SubsetError(f"{what}: {noun} {rel!r} contains a NUL byte")
     pure = PurePosixPath(rel)
     if pure.is_absolute() or rel.startswith("\\") or (len(rel) > 1 and rel[1] == ":"):
         raise SubsetError(f"{what}: {noun} {rel!r} is absolute; expected a path inside {root}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import array
 import contextlib
 import copy
-import json
 import operator
 import os
 import struct
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.errors import SubsetError
-from puzzletron.dataset.formats._manifest import MANIFEST, check_file, inside, load_json
+from puzzletron.dataset.formats._manifest import MANIFEST, check_file, inside, load_json, parse_json
 from puzzletron.dataset.formats._subset_layout import (
     IDX_HEADER,
     IDX_MAGIC,
@@ -39,47 +38,93 @@ __all__ = [
     "load_materialized_conversation_subset",
     "load_materialized_intersyn_subset",
     "read_manifest",
+    "subset_manifest",
 ]
 
 
-def _check_format(root: Path, manifest: Mapping[str, Any]) -> None:
-    """Refuse a manifest of another format or of a subset version this code does not read."""
+def _count(manifest: Mapping[str, Any], key: str, where: Path) -> int:
+    value = manifest.get(key)
+    if type(value) is not int or value < 0:  # not bool, not "2", not 2.0
+        raise SubsetError(f"{where}: {key!r} is {value!r}; expected a non-negative integer")
+    return value
+
+
+def _image_record(record: Any) -> bool:
+    """A manifest image record has integer indices and a string path (what readers key and join on)."""
+    return (
+        isinstance(record, Mapping)
+        and isinstance(record.get("path"), str)
+        and all(type(record.get(k)) is int for k in ("sample_index", "image_index"))
+    )
+
+
+def subset_manifest(root: Path, *, counts: bool = True) -> dict[str, Any]:
+    """The manifest at `root`, checked before anything else is read (not for completeness): a JSON object of
+    this format and a version this code reads (exactly ``2``; the original layout: ``1``), integer counts,
+    ``images`` a list of ``image_count`` records with integer indices and a string path (`counts=False`: of
+    any length; `verify_subset` reports a mismatch among its problems), and (version 2) records for the
+    sample file and index. `SubsetError` naming what is wrong otherwise (``docs/trust-model.md``)."""
+    where = root / MANIFEST
+    manifest = load_json(where, "the manifest")
+    if not isinstance(manifest, dict):
+        raise SubsetError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
     fmt = manifest.get("format")
     if fmt is not None and fmt != SUBSET_FORMAT:
-        raise SubsetError(f"{root / MANIFEST}: a {fmt!r} manifest, not a conversation subset")
-    if fmt is not None and manifest.get("version") != SUBSET_FORMAT_VERSION:
+        raise SubsetError(f"{where}: a {fmt!r} manifest, not a conversation subset")
+    version = manifest.get("version")
+    wanted = 1 if is_original_layout(manifest) else SUBSET_FORMAT_VERSION
+    if type(version) is not int or version != wanted:
         raise SubsetError(
-            f"{root / MANIFEST}: format version {manifest.get('version')!r} is not supported "
-            f"(this code reads {SUBSET_FORMAT_VERSION} and the original layout)"
+            f"{where}: format version {version!r} is not supported "
+            f"(this code reads {SUBSET_FORMAT_VERSION} and the original layout, 1)"
         )
+    image_count = _count(manifest, "image_count", where)
+    _count(manifest, "sample_count", where)
+    images = manifest.get("images")
+    if not isinstance(images, list):
+        raise SubsetError(f"{where}: 'images' is {images!r}; expected a list of records")
+    if counts and len(images) != image_count:
+        raise SubsetError(f"{where}: 'images' does not list image_count={image_count} images")
+    for record in images:
+        if not _image_record(record):
+            raise SubsetError(
+                f"{where}: image record {record!r} is not {{sample_index, image_index: int, path: str}}"
+            )
+    if not is_original_layout(manifest):
+        for key in ("samples", "index"):
+            record = manifest.get(key)
+            if not isinstance(record, Mapping) or not isinstance(record.get("path"), str):
+                raise SubsetError(f"{where}: {key!r} is {record!r}; expected a file record with a path")
+    return manifest
+
+
+def _check_index_count(index: Path, sample_count: int) -> None:
+    """The sample count in the index header must be the manifest's (24 bytes read: cheap enough for reuse)."""
+    with open(index, "rb") as fh:
+        header = fh.read(IDX_HEADER.size)
+    if len(header) != IDX_HEADER.size or header[:8] != IDX_MAGIC:
+        raise SubsetError(f"{index}: not a sample index (bad header)")
+    count = IDX_HEADER.unpack(header)[1]
+    if count != sample_count:
+        raise SubsetError(f"{index.parent}: {count} samples on disk, the manifest records {sample_count}")
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
     """The manifest of the complete subset at `path`; `SubsetError` saying what is missing otherwise.
 
-    Complete means: the manifest parses, and the sample file, the index and every image it lists exist with
-    their recorded sizes. (Hashes are checked by `verify_subset`, which reads every byte.)
+    Complete means: the manifest passes `subset_manifest`, and the sample file, the index and every image it
+    lists exist with their recorded sizes. (Hashes are checked by `verify_subset`, which reads every byte.)
     """
     root = Path(path)
     if not root.is_dir():
         raise SubsetError(f"{root}: no subset directory there")
-    manifest = load_json(root / MANIFEST, "the manifest")
-    if not isinstance(manifest, dict):
-        raise SubsetError(f"{root / MANIFEST}: expected a JSON object, got {type(manifest).__name__}")
-    _check_format(root, manifest)
-    for key in ("sample_count", "image_count", "images"):
-        if key not in manifest:
-            raise SubsetError(f"{root / MANIFEST}: missing field {key!r}")
+    manifest = subset_manifest(root)
     if is_original_layout(manifest):
         if not (root / LEGACY_SAMPLES).is_file():
             raise SubsetError(f"{root}: {LEGACY_SAMPLES} is missing")
     else:
-        check_file(root, manifest.get("samples"), "sample file")
-        check_file(root, manifest.get("index"), "sample index")
-    if not isinstance(manifest["images"], list) or len(manifest["images"]) != manifest["image_count"]:
-        raise SubsetError(
-            f"{root / MANIFEST}: 'images' does not list image_count={manifest['image_count']} images"
-        )
+        check_file(root, manifest["samples"], "sample file")
+        _check_index_count(check_file(root, manifest["index"], "sample index"), manifest["sample_count"])
     for record in manifest["images"]:
         where = "image"
         if isinstance(record, Mapping):
@@ -103,7 +148,10 @@ class SubsetReader(Sequence):
         self._fds: tuple[int, int] | None = None
         if not (self.root / MANIFEST).is_file():
             raise SubsetError(f"{self.root}: no {MANIFEST}; not a complete subset")
-        if (self.root / INDEX).is_file() and (self.root / SAMPLES).is_file():
+        header = subset_manifest(self.root)  # format, version and counts before any sample is served
+        if not is_original_layout(header):
+            if not ((self.root / INDEX).is_file() and (self.root / SAMPLES).is_file()):
+                raise SubsetError(f"{self.root}: {SAMPLES} or {INDEX} is missing; not a complete subset")
             self._open()
         elif (self.root / LEGACY_SAMPLES).is_file():
             samples = load_json(self.root / LEGACY_SAMPLES, "the sample list")
@@ -113,7 +161,12 @@ class SubsetReader(Sequence):
             self._count = len(samples)
             self._group_count = len(set(map(self._group_key, enumerate(samples))))
         else:
-            raise SubsetError(f"{self.root}: neither {SAMPLES} + {INDEX} nor {LEGACY_SAMPLES}; not a subset")
+            raise SubsetError(f"{self.root}: {LEGACY_SAMPLES} is missing; not a complete subset")
+        if self._count != header["sample_count"]:
+            self.close()
+            raise SubsetError(
+                f"{self.root}: {self._count} samples on disk, the manifest records {header['sample_count']}"
+            )
 
     @staticmethod
     def _group_key(entry: tuple[int, Any]) -> tuple[str, str]:
@@ -141,10 +194,10 @@ class SubsetReader(Sequence):
             raise SubsetError(f"{self.root / INDEX}: {actual} bytes, expected {expected} for {count} samples")
         self._count, self._group_count = count, group_count
         end = self.offset(count)
-        if os.fstat(samples_fd).st_size != end:
-            size = os.fstat(samples_fd).st_size
+        self._size = os.fstat(samples_fd).st_size
+        if self._size != end:
             self.close()
-            raise SubsetError(f"{self.root / SAMPLES}: {size} bytes, the index ends at byte {end}")
+            raise SubsetError(f"{self.root / SAMPLES}: {self._size} bytes, the index ends at byte {end}")
 
     def _fd(self, which: int) -> int:
         if self._fds is None:
@@ -212,13 +265,16 @@ class SubsetReader(Sequence):
         if self._legacy is not None:
             return copy.deepcopy(self._legacy[i])
         start, end = struct.unpack("<QQ", os.pread(self._fd(0), 16, IDX_HEADER.size + 8 * i))
+        if not start <= end <= self._size:
+            raise SubsetError(
+                f"{self.root / INDEX}: sample {i} spans bytes {start}..{end}, not inside the "
+                f"{self._size}-byte {SAMPLES}; the index is damaged (run verify)"
+            )
         line = os.pread(self._fd(1), end - start, start)
         try:
-            sample = json.loads(line)
+            sample = parse_json(line, f"sample {i} (bytes {start}..{end})")
         except ValueError as exc:
-            raise SubsetError(
-                f"{self.root / SAMPLES}: sample {i} (bytes {start}..{end}) is not JSON: {exc}"
-            ) from exc
+            raise SubsetError(f"{self.root / SAMPLES}: {exc}") from exc
         if not isinstance(sample, dict):
             raise SubsetError(f"{self.root / SAMPLES}: sample {i} is not a JSON object")
         return sample
@@ -242,7 +298,7 @@ def load_materialized_conversation_subset(output_dir: str | Path) -> list[dict[s
     """
     root = Path(output_dir).absolute()
     manifest = read_manifest(root)
-    expected = {(r["sample_index"], r["image_index"]): r for r in manifest["images"]}
+    expected = {(r.get("sample_index"), r.get("image_index")): r for r in manifest["images"]}
     samples = []
     with SubsetReader(root) as reader:
         if len(reader) != manifest["sample_count"]:

@@ -6,7 +6,6 @@ problem it finds.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -21,6 +20,7 @@ from puzzletron.dataset.formats._manifest import (
     human_size,
     inside,
     load_json,
+    parse_json,
     verify_file,
 )
 from puzzletron.dataset.formats._subset_layout import (
@@ -33,7 +33,7 @@ from puzzletron.dataset.formats._subset_layout import (
     is_original_layout,
     label,
 )
-from puzzletron.dataset.formats.subset_reader import SubsetReader, read_manifest
+from puzzletron.dataset.formats.subset_reader import SubsetReader, read_manifest, subset_manifest
 
 __all__ = ["describe_subset", "render_subset", "verify_subset"]
 
@@ -62,9 +62,9 @@ def _iter_lines(root: Path, manifest: Mapping[str, Any], problems: list[str]) ->
                 problems.append(f"{root / INDEX}: offset of sample {i} is wrong")
             offset += len(line)
             try:
-                yield i, json.loads(line)
-            except ValueError:
-                problems.append(f"{root / SAMPLES}: line {i + 1} is not JSON")
+                yield i, parse_json(line, f"line {i + 1}")
+            except ValueError as exc:
+                problems.append(f"{root / SAMPLES}: {exc}")
                 yield i, None
     if reader is not None:
         reader.close()
@@ -72,10 +72,7 @@ def _iter_lines(root: Path, manifest: Mapping[str, Any], problems: list[str]) ->
 
 def _image_records(manifest: Mapping[str, Any], problems: list[str]) -> dict[tuple[Any, Any], Any]:
     """The manifest's image records by ``(sample_index, image_index)``; problems with the list itself."""
-    images = manifest["images"]
-    if not isinstance(images, list):
-        problems.append(f"'images' is {images!r}; expected a list of records")
-        images = []
+    images = manifest["images"]  # a list: `subset_manifest` checked it
     records = {(r.get("sample_index"), r.get("image_index")): r for r in images if isinstance(r, Mapping)}
     if len(records) != manifest.get("image_count"):
         problems.append(f"lists {len(records)} images, image_count says {manifest.get('image_count')}")
@@ -106,12 +103,10 @@ def verify_subset(path: str | Path) -> VerifyReport:
     """
     root = Path(path).absolute()
     problems: list[str] = []
-    try:
-        manifest = load_json(root / MANIFEST, "the manifest")
+    try:  # format, version and the counts' types first: nothing else means anything without them
+        manifest = subset_manifest(root, counts=False)
     except SubsetError as exc:
         return VerifyReport(str(root), 0, 0, (str(exc),), SUBSET_FORMAT)
-    if not isinstance(manifest, dict) or "images" not in manifest:
-        return VerifyReport(str(root), 0, 0, (f"{root / MANIFEST}: not a subset manifest",), SUBSET_FORMAT)
     original = is_original_layout(manifest)
     if not original:
         for key, what in (("samples", "sample file"), ("index", "sample index")):
@@ -131,8 +126,9 @@ def verify_subset(path: str | Path) -> VerifyReport:
             continue
         items = _check_sample(root, i, sample, original, problems)
         source = sample.get("source") if isinstance(sample, dict) else None
-        if isinstance(source, Mapping):
-            seen_sources.add((source.get("dataset"), source.get("revision")))
+        key = (source.get("dataset"), source.get("revision")) if isinstance(source, Mapping) else None
+        if key is not None and all(isinstance(part, str) for part in key):  # else `_check_sample` said so
+            seen_sources.add(key)
         for k, (field, item) in enumerate(items):
             image_count += 1
             try:
@@ -148,7 +144,8 @@ def verify_subset(path: str | Path) -> VerifyReport:
             used.add((i, k))
     _check_totals(root, manifest, sample_count, image_count, seen_sources, problems)
     _check_images(root, records, used, problems)
-    return VerifyReport(str(root), sample_count, image_count, tuple(problems), SUBSET_FORMAT)
+    unique = tuple(dict.fromkeys(problems))  # the reader and the totals may both report one count
+    return VerifyReport(str(root), sample_count, image_count, unique, SUBSET_FORMAT)
 
 
 def _check_totals(
@@ -170,7 +167,9 @@ def _check_totals(
         )
     sources = sorted(seen_sources, key=lambda s: (str(s[0]), str(s[1])))
     listed = [
-        (s.get("dataset"), s.get("revision")) for s in manifest.get("sources") or () if isinstance(s, Mapping)
+        (s.get("dataset"), s.get("revision"))
+        for s in _list(manifest.get("sources"))
+        if isinstance(s, Mapping)
     ]
     if listed != sources:
         problems.append(f"{root / MANIFEST}: sources {listed} differ from the samples' sources {sources}")
@@ -195,6 +194,15 @@ def _check_images(
                 problems.append(f"{root}: unexpected file {IMAGES}/{file.name} not in the manifest")
 
 
+def _image_format(record: Mapping[str, Any]) -> str:
+    fmt = record.get("format")
+    return fmt if isinstance(fmt, str) and fmt else Path(record["path"]).suffix.lstrip(".").upper()
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def describe_subset(path: str | Path) -> dict[str, Any]:
     """A summary of a complete subset: counts, sources, image formats and sizes, bytes on disk."""
     root = Path(path).absolute()
@@ -202,14 +210,14 @@ def describe_subset(path: str | Path) -> dict[str, Any]:
     images = manifest["images"]
     widths = [r.get("width") for r in images if isinstance(r.get("width"), int)]
     heights = [r.get("height") for r in images if isinstance(r.get("height"), int)]
-    formats = Counter(r.get("format") or Path(r["path"]).suffix.lstrip(".").upper() for r in images)
+    formats = Counter(_image_format(r) for r in images)
     return {
         "path": str(root),
         "format": SUBSET_FORMAT,
         "format_version": "original" if is_original_layout(manifest) else manifest.get("version"),
         "sample_count": manifest["sample_count"],
         "image_count": manifest["image_count"],
-        "sources": manifest.get("sources", []),
+        "sources": [s for s in _list(manifest.get("sources")) if isinstance(s, Mapping)],
         "image_formats": dict(sorted(formats.items())),
         "image_width": {"min": min(widths), "max": max(widths)} if widths else None,
         "image_height": {"min": min(heights), "max": max(heights)} if heights else None,
@@ -226,7 +234,7 @@ def render_subset(info: Mapping[str, Any]) -> list[str]:
         f"samples      {info['sample_count']}",
         f"images       {info['image_count']} ({human_size(info['image_bytes'])})",
     ]
-    lines += [f"source       {s['dataset']} @ {s['revision']}" for s in info["sources"]]
+    lines += [f"source       {s.get('dataset')} @ {s.get('revision')}" for s in info["sources"]]
     lines += [f"format       {fmt}: {count}" for fmt, count in info["image_formats"].items()]
     if info["image_width"]:
         w, h = info["image_width"], info["image_height"]

@@ -11,13 +11,12 @@ import copy
 import hashlib
 import json
 import logging
-import os
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from puzzletron.dataset._atomic import locked, staging_dir
+from puzzletron.dataset._atomic import check_destination, locked, staging_dir, tidy
 from puzzletron.dataset._checks import require_int
 from puzzletron.dataset._images import encode_image
 from puzzletron.dataset.conversation import validate_conversation
@@ -175,7 +174,13 @@ def _reuse(destination: Path, wanted: Any, expected_count: int | None) -> dict[s
             f"fewer than the expected {expected_count}"
         )
     logger.info("reusing the complete subset at %s", destination)
+    tidy(destination)
     return manifest
+
+
+def _occupied(destination: Path) -> bool:
+    """Anything at `destination` but an empty directory (which a publication may replace)."""
+    return destination.exists() and not (destination.is_dir() and not any(destination.iterdir()))
 
 
 def materialize_normalized_conversation_samples(
@@ -191,14 +196,18 @@ def materialize_normalized_conversation_samples(
     Returns the manifest. `output_dir` ends up absent or complete: a failure (bad sample, shortfall against
     `expected_count`, a kill) publishes nothing. A complete subset already there is reused (its manifest is
     returned) unless `acquisition` is given and differs; a non-empty directory holding no complete subset is
-    an error. Concurrent callers serialise on a lock: one writes, the others reuse.
+    an error. Concurrent callers serialise on a lock: one writes, the others reuse. Reusing takes no lock and
+    writes nothing, so a complete subset on a read-only file system is reused. The samples are the caller's:
+    their local image paths are read (``docs/trust-model.md``).
     """
     if expected_count is not None:
         require_int(expected_count, "expected_count", minimum=1, error=SubsetError)
-    destination = Path(os.path.abspath(output_dir))  # "." is replaced by the rename: read it back by name
+    destination = check_destination(output_dir)  # absolute: "." is replaced by the rename; read it by name
     wanted = canonical(acquisition, "acquisition")
+    if _occupied(destination):  # published subsets are complete: reading one needs no lock (read-only mounts)
+        return _reuse(destination, wanted, expected_count)
     with locked(destination):
-        if destination.exists() and not (destination.is_dir() and not any(destination.iterdir())):
+        if _occupied(destination):  # another writer published it while we waited
             return _reuse(destination, wanted, expected_count)
         with staging_dir(destination) as tmp:
             _write_subset(

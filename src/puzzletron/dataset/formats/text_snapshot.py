@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from puzzletron.dataset.formats._manifest import (
     human_size,
     inside,
     load_json,
+    parse_json,
     sha256_file,
     verify_file,
 )
@@ -43,6 +46,7 @@ TEXT_SNAPSHOT_FORMAT = "puzzletron-text-snapshot"
 TEXT_SNAPSHOT_VERSION = 1
 TEXT_SNAPSHOT_KIND = "text-snapshot"  # `describe_text_snapshot`'s "kind" (`inspect --json` printed it first)
 _WITHIN = "the snapshot"
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # `datasets` split names; each is a folder of the snapshot
 
 
 def _fingerprint(acquisition: Mapping[str, Any], split: str) -> str:
@@ -104,7 +108,8 @@ def is_unnamed_text_snapshot(manifest: Mapping[str, Any]) -> bool:
 
 
 def _load(root: Path) -> dict[str, Any]:
-    """The text snapshot manifest at `root`, checked for its format and version (not for completeness)."""
+    """The text snapshot manifest at `root`, checked for its format, version and the types of its counts
+    and file list (not for completeness): nothing else is read before it passes (docs/trust-model.md)."""
     manifest = load_json(root / MANIFEST, "the manifest")
     where = root / MANIFEST
     if not isinstance(manifest, dict):
@@ -114,19 +119,29 @@ def _load(root: Path) -> dict[str, Any]:
         raise SubsetError(f"{where}: a {fmt!r} manifest, not a Puzzle-KD text snapshot")
     if not isinstance(manifest.get("splits"), dict):
         raise SubsetError(f"{where}: not a Puzzle-KD snapshot manifest (no 'splits' mapping)")
-    if manifest.get("version") != TEXT_SNAPSHOT_VERSION:
+    version = manifest.get("version")
+    if type(version) is not int or version != TEXT_SNAPSHOT_VERSION:  # not True, 1.0 or "1"
         raise SubsetError(
-            f"{where}: format version {manifest.get('version')!r} is not supported "
-            f"(this code reads {TEXT_SNAPSHOT_VERSION})"
+            f"{where}: format version {version!r} is not supported (this code reads {TEXT_SNAPSHOT_VERSION})"
         )
+    for split, rows in manifest["splits"].items():
+        if not _SPLIT_NAME.fullmatch(split) or split in (".", ".."):
+            raise SubsetError(f"{where}: split name {split!r} is not a plain folder name")
+        if type(rows) is not int or rows < 0:
+            raise SubsetError(f"{where}: split {split!r} has {rows!r} rows; expected a non-negative integer")
+    files = manifest.get("files", [])
+    if not isinstance(files, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("path"), str) for r in files
+    ):
+        raise SubsetError(f"{where}: 'files' is {files!r}; expected a list of file records with a path")
     return manifest
 
 
 def _split_files(root: Path, split: str) -> list[Path]:
     """The Arrow data files `datasets` listed in ``<split>/state.json``."""
-    state = root / split / "state.json"
+    state = inside(root, f"{split}/state.json", str(root / MANIFEST), noun="split state file", within=_WITHIN)
     try:
-        names = [f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+        names = [f["filename"] for f in parse_json(state.read_bytes(), "it")["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SubsetError(f"{state} is missing or unreadable ({exc})") from exc
     return [inside(root, f"{split}/{name}", str(state), noun="data file", within=_WITHIN) for name in names]
@@ -137,7 +152,7 @@ def _incompleteness(root: Path, manifest: Mapping[str, Any]) -> list[str]:
     every split's data files)."""
     problems = []
     if "files" in manifest:
-        for record in manifest["files"] or ():
+        for record in manifest["files"]:
             try:
                 check_file(root, record, within=_WITHIN)
             except SubsetError as exc:
@@ -169,11 +184,27 @@ def _arrow_rows(path: Path) -> int:
     """Rows in one `datasets` Arrow file (an Arrow IPC stream), reading every record batch."""
     import pyarrow as pa
 
-    try:
-        with pa.memory_map(str(path)) as source:
+    try:  # a Python file object: pyarrow cannot open a path that is not UTF-8
+        with open(path, "rb") as source:
             return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
     except pa.ArrowException as exc:
         raise SubsetError(f"{path}: not a readable Arrow stream ({exc})") from exc
+
+
+def _unlisted(root: Path, records: list[Any]) -> list[str]:
+    """Every file, symlink or other entry under `root` that the manifest does not list (the manifest
+    aside), and every symlink even where listed: a snapshot is written as regular files only."""
+    listed = {r["path"] for r in records}  # `_load` checked every record has a string path
+    problems = []
+    for folder, dirs, files in os.walk(root):  # symlinked directories are listed, never followed
+        for name in sorted(dirs + files):
+            path = Path(folder, name)
+            rel = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                problems.append(f"{root}: {rel} is a symbolic link; a snapshot holds regular files only")
+            elif name in files and rel != MANIFEST and rel not in listed:
+                problems.append(f"{root}: unexpected file {rel} not in the manifest")
+    return problems
 
 
 def verify_text_snapshot(path: str | Path) -> VerifyReport:
@@ -191,8 +222,10 @@ def verify_text_snapshot(path: str | Path) -> VerifyReport:
     problems: list[str] = []
     if "files" not in manifest:
         problems.append(f"{root / MANIFEST}: lists no files (written by an older version); rematerialise")
-    for record in manifest.get("files") or ():
+    for record in manifest.get("files", ()):
         verify_file(root, record, problems, within=_WITHIN)
+    if "files" in manifest:
+        problems += _unlisted(root, manifest["files"])
     rows = 0
     for split, expected in manifest["splits"].items():
         try:
