@@ -1,21 +1,30 @@
-"""`forward_kwargs`: the attention kwargs of a packed batch reproduce per-document causal attention.
+"""`puzzletron.dataset.attention`: the attention kwargs of a packed batch reproduce per-document causal
+attention, and `model_inputs` hands HF the labels so that nothing is shifted twice.
 
 A minimal varlen attention written here consumes the kwargs (flash ``cu_seq_lens_q/k``; Transformer Engine
-``cu_seqlens`` + ``cu_seqlens_padded``) and is compared, in float64 on the CPU, with attention computed
-document by document from the batch's own token -> document map. Also after `cp_partition`, with local cu.
+``cu_seqlens`` + ``cu_seqlens_padded``; Megatron-Core ``PackedSeqParams``, which Megatron hands to TE) and is
+compared, in float64 on the CPU, with attention computed document by document from the batch's own token ->
+document map. Also after `cp_partition`, with local cu. The sdpa/eager masks are compared with the masks HF
+and AutoModel build themselves. Real models run in ``test_model_inputs.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 import torch
+from nemo_automodel.components.datasets.utils import neat_packed_collater
+from transformers import Qwen2Config
+from transformers.loss.loss_utils import ForCausalLMLoss
+from transformers.masking_utils import create_causal_mask
 from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 
 from puzzletron.dataset import batch_from_automodel
+from puzzletron.dataset.attention import model_inputs
 from puzzletron.dataset.automodel import forward_kwargs
-from puzzletron.dataset.errors import BatchValidationError
+from puzzletron.dataset.errors import BatchValidationError, ConfigError
 from puzzletron.dataset.parallel import batch_cp_indices
 
 HEADS, DIM = 2, 4
@@ -53,6 +62,45 @@ def te_thd_reference(q, k, v, *, cu_seqlens_q, cu_seqlens_q_padded, max_seqlen_q
         span = slice(start, start + length)
         out[span] = _causal(q[span], k[span], v[span])
     return out
+
+
+@dataclasses.dataclass
+class PackedSeqParams:
+    """Megatron-Core's ``PackedSeqParams`` up to ``max_seqlen_kv`` (NVIDIA/Megatron-LM
+    ``megatron/core/packed_seq_params.py``; later fields default to None): a kwarg it lacks is a TypeError."""
+
+    qkv_format: str | None = None
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_kv: torch.Tensor | None = None
+    cu_seqlens_q_padded: torch.Tensor | None = None
+    cu_seqlens_kv_padded: torch.Tensor | None = None
+    max_seqlen_q: int | None = None
+    max_seqlen_kv: int | None = None
+
+
+def megatron_reference(q, k, v, **kwargs):
+    """Megatron-Core builds ``PackedSeqParams(**kwargs)`` and hands its fields to TE's
+    ``DotProductAttention`` (``padding_causal``): every field filled, int32 cu, then TE's THD semantics."""
+    params = PackedSeqParams(**kwargs)
+    assert all(getattr(params, f.name) is not None for f in dataclasses.fields(params))
+    assert params.qkv_format == "thd"
+    for name in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
+        assert getattr(params, name).dtype == torch.int32
+    assert (
+        torch.equal(params.cu_seqlens_q, params.cu_seqlens_kv) and params.max_seqlen_q == params.max_seqlen_kv
+    )
+    assert isinstance(params.max_seqlen_q, int)
+    return te_thd_reference(
+        q,
+        k,
+        v,
+        cu_seqlens_q=params.cu_seqlens_q,
+        cu_seqlens_q_padded=params.cu_seqlens_q_padded,
+        max_seqlen_q=params.max_seqlen_q,
+    )
+
+
+VARLEN = [("flash", flash_varlen_reference), ("te_thd", te_thd_reference), ("megatron", megatron_reference)]
 
 
 def per_document(q, k, v, seq_ids: torch.Tensor) -> torch.Tensor:
@@ -99,9 +147,7 @@ PACKS = {
 
 
 @pytest.mark.parametrize("name", sorted(PACKS))
-@pytest.mark.parametrize(
-    ("backend", "reference"), [("flash", flash_varlen_reference), ("te_thd", te_thd_reference)]
-)
+@pytest.mark.parametrize(("backend", "reference"), VARLEN)
 def test_packed_attention_equals_per_document_attention(name: str, backend: str, reference) -> None:
     batch = _packed(PACKS[name])
     kwargs = forward_kwargs(batch, backend=backend)
@@ -111,6 +157,9 @@ def test_packed_attention_equals_per_document_attention(name: str, backend: str,
     got = reference(q, k, v, **kwargs)
     want = per_document(q, k, v, seq_ids)
     torch.testing.assert_close(got[valid], want[valid], rtol=0, atol=1e-12)
+    if backend == "megatron":  # PackedSeqParams fields only; positions go to the model's forward
+        assert set(kwargs) == {f.name for f in dataclasses.fields(PackedSeqParams)}
+        return
     positions = kwargs["position_ids"]
     assert torch.equal(positions[seq_ids >= 0], _expected_positions(seq_ids)[seq_ids >= 0])
 
@@ -135,9 +184,7 @@ def test_te_kwargs_golden() -> None:
     assert kwargs["cu_seqlens_q"].dtype == torch.int32
 
 
-@pytest.mark.parametrize(
-    ("backend", "reference"), [("flash", flash_varlen_reference), ("te_thd", te_thd_reference)]
-)
+@pytest.mark.parametrize(("backend", "reference"), VARLEN)
 def test_after_cp_partition_local_kwargs_match_local_documents(backend: str, reference) -> None:
     # Contract golden: 16 tokens, samples 4/6/6; rank 0 of 2 holds [0,1,4,5,10,11,12,13]
     # -> local cu [0,2,4,8].
@@ -158,7 +205,7 @@ def test_after_cp_partition_with_padding_and_two_rows() -> None:
     local = batch.cp_partition(torch.tensor([0, 2, 3, 5, 6]), cp_rank=1, cp_size=2)
     seq_ids = local.sequence.seq_ids
     assert seq_ids.tolist() == [[0, 0, 1, 1, -1], [2, 2, 2, 2, 2]]
-    for backend, reference in (("flash", flash_varlen_reference), ("te_thd", te_thd_reference)):
+    for backend, reference in VARLEN:
         kwargs = forward_kwargs(local, backend=backend)
         q, k, v = _qkv(seq_ids.numel())
         valid = (seq_ids >= 0).reshape(-1)
@@ -196,8 +243,8 @@ def test_unpacked_batch_and_unknown_backend_are_errors() -> None:
     )
     with pytest.raises(BatchValidationError, match="packed"):
         forward_kwargs(batch, backend="flash")
-    with pytest.raises(ValueError, match="backend"):
-        forward_kwargs(_packed(PACKS["one-row"]), backend="sdpa")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="backend"):
+        forward_kwargs(_packed(PACKS["one-row"]), backend="xla")  # type: ignore[arg-type]
 
 
 def test_mrope_positions_are_kept() -> None:
@@ -266,9 +313,7 @@ def test_cp_local_batch_without_position_ids_gets_none_rather_than_wrong_ones() 
 
 
 @pytest.mark.parametrize("cp_size", [2, 3])
-@pytest.mark.parametrize(
-    ("backend", "reference"), [("flash", flash_varlen_reference), ("te_thd", te_thd_reference)]
-)
+@pytest.mark.parametrize(("backend", "reference"), VARLEN)
 def test_load_balanced_cp_every_rank_attends_exactly_within_its_documents(
     cp_size: int, backend: str, reference
 ) -> None:
@@ -287,7 +332,7 @@ def test_load_balanced_cp_every_rank_attends_exactly_within_its_documents(
         kwargs = forward_kwargs(local, backend=backend)
         cu_key = "cu_seq_lens_q" if backend == "flash" else "cu_seqlens_q"
         local_docs = torch.tensor(doc_ids)[indices]
-        if backend == "te_thd":  # per-document local token counts, written from the map
+        if backend != "flash":  # per-document local token counts, written from the map
             counts = [int((local_docs == d).sum()) for d in range(1, 5)]
             assert kwargs[cu_key].diff().tolist() == [c for c in counts if c]
         q, k, v = _qkv(seq_ids.numel())
@@ -295,5 +340,167 @@ def test_load_balanced_cp_every_rank_attends_exactly_within_its_documents(
         torch.testing.assert_close(
             reference(q, k, v, **kwargs)[valid], per_document(q, k, v, seq_ids)[valid], rtol=0, atol=1e-12
         )
-        assert torch.equal(kwargs["position_ids"], positions[:, indices])
+        if backend != "megatron":
+            assert torch.equal(kwargs["position_ids"], positions[:, indices])
     assert torch.equal(torch.cat(held).sort().values, torch.arange(len(doc_ids)))
+
+
+# --- HF sdpa / eager: masks, and labels for the loss ---------------------------------------------------
+
+
+def _hf_mask(batch, attn: str, dtype: torch.dtype) -> torch.Tensor:
+    """The 4-D mask HF itself builds from packed ``position_ids`` (no 2-D mask, no cache)."""
+    config = Qwen2Config(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1)
+    config._attn_implementation = attn
+    embeds = torch.zeros(*batch.input_ids.shape, 8, dtype=dtype)
+    return create_causal_mask(
+        config=config,
+        inputs_embeds=embeds,
+        attention_mask=None,
+        past_key_values=None,
+        position_ids=forward_kwargs(batch, backend="sdpa")["position_ids"],
+    )
+
+
+@pytest.mark.parametrize("name", sorted(PACKS))
+def test_block_causal_mask_equals_the_mask_hf_builds_from_packed_positions(name: str) -> None:
+    batch = _packed(PACKS[name])
+    bool_mask = forward_kwargs(batch, backend="sdpa", mask="block_causal")["attention_mask"]
+    assert bool_mask.dtype == torch.bool and bool_mask.shape == (
+        batch.batch_size,
+        1,
+        *batch.input_ids.shape[1:] * 2,
+    )
+    valid = batch.sequence.seq_ids >= 0  # query rows of document tokens (HF lets a padding run see itself)
+    hf_sdpa = _hf_mask(batch, "sdpa", torch.float64).expand_as(bool_mask)
+    assert torch.equal(bool_mask[:, 0][valid], hf_sdpa[:, 0][valid])
+    additive = forward_kwargs(batch, backend="eager", mask="block_causal", dtype=torch.float64)
+    additive = additive["attention_mask"]
+    assert additive.dtype == torch.float64
+    hf_eager = _hf_mask(batch, "eager", torch.float64).expand_as(additive)
+    assert torch.equal(additive[:, 0][valid], hf_eager[:, 0][valid])
+
+
+def test_block_causal_mask_equals_automodel_neat_collater_mask_on_every_token() -> None:
+    doc_ids = torch.tensor([[1, 1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]])
+    items = [
+        {
+            "input_ids": list(range(8)),
+            "labels": [-100] * 8,
+            "attention_mask": row.tolist(),
+            "position_ids": [0] * 8,
+        }
+        for row in doc_ids
+    ]
+
+    class Contract:  # AutoModel's structural `PackedSequenceContract`
+        packed_mask_type = "block_causal"
+        requires_packed_sequence_metadata = False
+
+    theirs = neat_packed_collater(items, packing=Contract())["attention_mask"]
+    ours = forward_kwargs(_packed(doc_ids.tolist()), backend="sdpa", mask="block_causal")["attention_mask"]
+    valid = doc_ids > 0
+    assert torch.equal(ours[:, 0][valid], theirs[:, 0][valid])  # every document token: the same keys
+    pad = ~valid  # AutoModel's padding rows see nothing; ours see themselves (no NaN in eager softmax)
+    assert not theirs[:, 0][pad].any() and torch.equal(
+        ours[:, 0][pad].sum(-1), torch.ones(int(pad.sum())).long()
+    )
+
+
+def test_auto_mask_only_where_position_ids_cannot_mark_the_documents() -> None:
+    batch = _packed([[1] * 8 + [2] * 8])
+    plain = forward_kwargs(batch, backend="sdpa")
+    assert set(plain) == {"use_cache", "position_ids"} and plain["use_cache"] is False
+    batch = batch.replace_model_kwargs(position_ids=plain["position_ids"])
+    local = batch.cp_partition(batch_cp_indices(batch, cp_rank=0, cp_size=2), cp_rank=0, cp_size=2)
+    cp = forward_kwargs(local, backend="sdpa")  # positions 0,1,6,7: HF would split each document in two
+    assert cp["position_ids"].tolist() == [[0, 1, 6, 7, 0, 1, 6, 7]]
+    assert cp["attention_mask"][0, 0].long().tolist() == [
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 0, 0, 1, 0, 0, 0],
+        [0, 0, 0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 1, 1, 1, 1],
+    ]
+    with pytest.raises(BatchValidationError, match="do not mark the documents"):
+        forward_kwargs(local, backend="sdpa", mask="none")
+    with pytest.raises(ConfigError, match=r"dtype=model\.dtype"):
+        forward_kwargs(local, backend="eager")  # a bool mask would be added to the scores: refused
+    mrope = batch.replace_model_kwargs(position_ids=plain["position_ids"].expand(3, 1, 16))
+    assert forward_kwargs(mrope, backend="sdpa")["attention_mask"].shape == (1, 1, 16, 16)
+    unpacked = batch_from_automodel(
+        {
+            "input_ids": torch.zeros(2, 4, dtype=torch.long),
+            "attention_mask": torch.tensor([[1, 1, 1, 0]] * 2),
+        },
+        sample_ids=["a", "b"],
+        source_metadata={},
+        layout="padded_varlen",
+    )
+    assert forward_kwargs(unpacked, backend="eager")["attention_mask"].tolist() == [[1, 1, 1, 0]] * 2
+    left = batch_from_automodel(
+        {"input_ids": torch.zeros(1, 4, dtype=torch.long), "attention_mask": torch.tensor([[0, 1, 1, 1]])},
+        sample_ids=["left"],
+        source_metadata={},
+        layout="padded_varlen",
+    )
+    with pytest.raises(BatchValidationError, match="no position_ids"):
+        forward_kwargs(left, backend="sdpa")  # HF would number the tokens from the padding on
+    with pytest.raises(ConfigError, match="sdpa and eager only"):
+        forward_kwargs(batch, backend="flash", mask="block_causal")
+
+
+def test_model_inputs_labels_give_one_loss_whether_hf_shifts_or_not() -> None:
+    ids = torch.tensor([[1, 1, 1, 2, 2, 2, 0, 0]])
+    batch = batch_from_automodel(
+        {
+            "input_ids": torch.arange(8)[None],
+            "_packed_seq_ids": ids,
+            "labels": torch.tensor([[5, 6, -100, 7, 8, -100, -100, -100]]),
+            "padding_mask": ids == 0,
+        },
+        sample_ids=["p"],
+        source_metadata={},
+        layout="packed_varlen",
+    )
+    inputs = model_inputs(batch, backend="sdpa")
+    assert set(inputs) == {"input_ids", "position_ids", "use_cache", "labels", "shift_labels"}
+    assert inputs["shift_labels"].tolist() == [[5, 6, -100, 7, 8, -100, -100, -100]]
+    assert inputs["labels"].tolist() == [[-100, 5, 6, -100, 7, 8, -100, -100]]
+    logits = torch.randn(1, 8, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    honours = ForCausalLMLoss(logits, inputs["labels"], 16, shift_labels=inputs["shift_labels"])
+    shifts = ForCausalLMLoss(logits, inputs["labels"], 16)  # a loss that ignores shift_labels
+    want = torch.nn.functional.cross_entropy(logits[0].float(), inputs["shift_labels"][0])
+    assert honours.item() == shifts.item() == want.item()
+    twice = ForCausalLMLoss(logits, inputs["shift_labels"], 16)  # the trap: shifted labels as `labels`
+    assert abs(twice.item() - want.item()) > 1e-3
+    with pytest.raises(ConfigError, match="te_thd and megatron"):
+        model_inputs(batch, backend="megatron")  # type: ignore[arg-type]
+
+
+def test_model_inputs_drops_media_a_split_left_empty() -> None:
+    batch = batch_from_automodel(
+        {
+            "input_ids": torch.tensor([[7, 7, 7, 1, 2, 3], [4, 5, 6, 7, 8, 9]]),
+            "pixel_values": torch.randn(4, 6),
+            "image_grid_thw": torch.tensor([[1, 2, 2]]),
+            "n_images_per_sample": torch.tensor([1, 0]),
+        },
+        sample_ids=["with-image", "text"],
+        source_metadata={},
+        layout="padded_varlen",
+    )
+    with_image, text_only = (model_inputs(part, backend="sdpa") for part in batch.pp_microbatches(2))
+    assert with_image["pixel_values"].shape == (4, 6) and with_image["image_grid_thw"].shape == (1, 3)
+    assert "pixel_values" not in text_only and "image_grid_thw" not in text_only
+    assert "n_images_per_sample" not in with_image  # consumed by the adapter, never forwarded
+
+
+def test_model_inputs_with_inputs_embeds_sends_no_input_ids() -> None:
+    batch = _packed([[1, 1, 2, 2, 2, 0]])
+    embeds = torch.randn(1, 6, 4, dtype=torch.float64)
+    inputs = model_inputs(batch.replace_model_kwargs(inputs_embeds=embeds), backend="sdpa")
+    assert "input_ids" not in inputs and inputs["inputs_embeds"] is embeds  # HF takes exactly one of them

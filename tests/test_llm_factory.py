@@ -1,0 +1,101 @@
+"""`make_puzzletron_chat_dataset`: AutoModel LLM items in every layout, collated by AutoModel's own
+``default_collater``, with the library's shifted labels and the spec options checked up front.
+
+The recipe itself runs in ``test_automodel_recipes.py``; these are the fast checks of the items."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+import torch
+from nemo_automodel.components.datasets.utils import default_collater
+
+from _tiny_models import conversations
+from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
+from puzzletron.dataset.errors import ConfigError
+from puzzletron.dataset.llm_factory import make_puzzletron_chat_dataset
+from puzzletron.dataset.pipeline import build_batches
+from puzzletron.fixtures.tokenizer import build_chat_tokenizer
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("llm-factory")
+    rows = datasets.Dataset.from_list(conversations(12, seed=3, longest=8))
+    datasets.DatasetDict({"train": rows}).save_to_disk(str(root / "snapshot"))
+    return {"path": root / "snapshot", "tokenizer": build_chat_tokenizer(root / "tokenizer")}
+
+
+def _make(snapshot: dict[str, Path], **options: Any) -> Any:
+    return make_puzzletron_chat_dataset(snapshot["path"], tokenizer_path=snapshot["tokenizer"], **options)
+
+
+def test_packed_items_are_the_library_packs_in_its_seeded_order(snapshot: dict[str, Path]) -> None:
+    rows = _make(snapshot, seq_length=96, seed=5)
+    spec = PuzzletronDataSpec("text", "packed_varlen", 96, packing=PackingSpec(pack_size=96))
+    batches = build_batches(
+        snapshot["path"], tokenizer=snapshot["tokenizer"], spec=spec, batch_size=1, seed=5
+    )
+    assert len(rows) == len(batches) and len(rows) < 12  # packs, several chats each
+    collated = default_collater([copy.deepcopy(rows[i]) for i in range(2)])
+    want = [batches.dataset[batches.sampler.key(step)] for step in range(2)]
+    assert torch.equal(collated["input_ids"], torch.cat([b.input_ids for b in want]))
+    assert torch.equal(collated["labels"], torch.cat([b.labels for b in want]))  # shifted, -100 on padding
+    assert torch.equal(collated["position_ids"], torch.cat([b.model_kwargs["position_ids"] for b in want]))
+    assert "attention_mask" not in collated  # a 2-D mask would hide the documents from HF
+    assert torch.equal(collated["padding_mask"], torch.cat([~b.hidden_mask for b in want]))
+
+
+def test_padded_varlen_items_keep_their_length_and_the_collator_pads(snapshot: dict[str, Path]) -> None:
+    rows = _make(snapshot, seq_length=64, layout="padded_varlen", seed=0, shuffle=False)
+    assert len(rows) == 12
+    items = [copy.deepcopy(rows[i]) for i in range(3)]
+    lengths = [len(item["input_ids"]) for item in items]
+    assert len(set(lengths)) > 1 and all(
+        item["attention_mask"] == [1] * n for item, n in zip(items, lengths, strict=True)
+    )
+    collated = default_collater(items)
+    assert collated["input_ids"].shape == (3, max(lengths))
+    for row, n in enumerate(lengths):
+        assert collated["labels"][row, n - 1 :].eq(-100).all()  # each sample's last token and the padding
+        assert collated["padding_mask"][row].sum() == max(lengths) - n
+
+
+def test_fixed_items_from_a_data_block_and_num_samples(snapshot: dict[str, Path]) -> None:
+    data = {"modality": "text", "layout": "fixed", "max_sample_length": 24}
+    rows = _make(snapshot, data=data, num_samples=5)
+    assert len(rows) == 5
+    item = rows[0]
+    assert item["input_ids"].shape == item["labels"].shape == item["attention_mask"].shape == (24,)
+    assert set(item["___PAD_TOKEN_IDS___"]) == {"input_ids", "labels", "attention_mask"}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"seq_length": 64, "tokenizer_path": None}, "tokenizer_path is required"),
+        ({}, "seq_length is required"),
+        ({"seq_length": 64, "num_samples": 99}, "exceeds"),
+        ({"seq_length": 64, "layout": "fixed", "pack_size": 64}, "packed_varlen only"),
+        (
+            {"data": {"modality": "text", "layout": "fixed", "max_sample_length": 8}, "layout": "fixed"},
+            "not both",
+        ),
+        (
+            {"data": {"modality": "text", "layout": "fixed", "max_sample_length": 8}, "seq_length": 9},
+            "disagrees",
+        ),
+        ({"data": {"modality": "multimodal", "layout": "fixed", "max_sample_length": 8}}, "builds text rows"),
+        ({"seq_length": 64, "layout": "varlen"}, "data.layout"),
+    ],
+)
+def test_bad_options_are_config_errors(
+    snapshot: dict[str, Path], options: dict[str, Any], message: str
+) -> None:
+    options = {"tokenizer_path": snapshot["tokenizer"], **options}
+    with pytest.raises(ConfigError, match=message):
+        make_puzzletron_chat_dataset(snapshot["path"], **options)
