@@ -188,3 +188,13 @@ def test_from_mapping_accepts_an_omegaconf_dictconfig() -> None:
 def test_from_mapping_rejects_a_non_mapping() -> None:
     with pytest.raises(ConfigError, match="data must be a mapping"):
         PuzzletronDataSpec.from_mapping(["modality"])  # type: ignore[arg-type]
+
+
+def test_a_spec_with_extras_pickles_round_trip_for_spawned_workers() -> None:
+    import pickle
+
+    spec = PuzzletronDataSpec.from_mapping({**PACKED, "path": "/data/subset"})
+    again = pickle.loads(pickle.dumps(spec))
+    assert again == spec and dict(again.extras) == {"path": "/data/subset"}
+    with pytest.raises(TypeError):
+        again.extras["path"] = "x"  # type: ignore[index]

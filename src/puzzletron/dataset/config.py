@@ -154,6 +154,14 @@ class PuzzletronDataSpec:
         """Row length in tokens: ``pack_size`` when packing, else ``max_sample_length``."""
         return self.packing.pack_size if self.packing is not None else self.max_sample_length
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle support (DataLoader workers under spawn): the read-only ``extras`` as a plain dict."""
+        return {**self.__dict__, "extras": dict(self.extras)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, types.MappingProxyType(value) if name == "extras" else value)
+
     @property
     def legacy_varlen(self) -> bool:
         """The old ``varlen: true`` flag, i.e. ``layout == packed_varlen``."""

@@ -1,13 +1,17 @@
-"""From a text snapshot to this DP rank's training batches: load a split, tokenise, plan, deal, build.
+"""From a text snapshot (or a token store) to this DP rank's training batches: tokenise, plan, deal, build.
 
-`build_batches` is the one call: load the split (`load_text_split`), tokenise it with the chat template
-(`puzzletron.dataset.tokenize`), plan the packing (``packed_varlen``, `puzzletron.dataset.packing`), deal the
+`build_batches` is the one call: get the tokenised samples (a token store read from disk, built or reused
+in ``cache_dir`` by `puzzletron.dataset.build_store`, or the split tokenised in memory by
+`puzzletron.dataset.tokenize`), plan the packing (``packed_varlen``, `puzzletron.dataset.packing`), deal the
 rows to this DP rank (`puzzletron.dataset.sampler`), and build each `PuzzletronBatch` in the layout of a
 `PuzzletronDataSpec`::
 
     batches = build_batches("snapshots/puzzle-kd", tokenizer="tok/", spec=spec, batch_size=4,
-                            dp_rank=rank, dp_size=world)
+                            dp_rank=rank, dp_size=world, cache_dir="token-stores/")
     for batch in batches: ...                      # or batches.loader(num_workers=2)
+
+From a store a rank's memory holds the per-sample index and the plan (a few bytes a sample), never the
+tokens; the batches are identical (same fingerprints) to those of the in-memory path.
 """
 
 from __future__ import annotations
@@ -20,10 +24,14 @@ from typing import Any
 
 import torch
 
+from puzzletron.dataset._store_samples import StoreNames, StoreSamples
 from puzzletron.dataset.batch import Modality, PuzzletronBatch
+from puzzletron.dataset.build_store import build_token_store
 from puzzletron.dataset.config import PuzzletronDataSpec
 from puzzletron.dataset.errors import ConfigError, SubsetError
-from puzzletron.dataset.packing import PackingPlan, plan_packing
+from puzzletron.dataset.formats import MANIFEST, detect
+from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TokenStore
+from puzzletron.dataset.packing import PackingPlan, TokenizedSamples, plan_packing
 from puzzletron.dataset.sampler import DistributedPackSampler, PackedBatches
 from puzzletron.dataset.tokenize import TokenizedText, tokenize_conversations
 
@@ -101,7 +109,7 @@ class TextBatches:
 def build_batches(
     source: str | Path | Any,
     *,
-    tokenizer: str | Path | Any,
+    tokenizer: str | Path | Any = None,
     spec: PuzzletronDataSpec,
     batch_size: int,
     split: str = "train",
@@ -114,12 +122,16 @@ def build_batches(
     num_proc: int = 1,
     messages_field: str = "messages",
     id_field: str | None = "uuid",
+    cache_dir: str | Path | None = None,
 ) -> TextBatches:
     """Snapshot + tokenizer + `PuzzletronDataSpec` -> this DP rank's batches (see `TextBatches`).
 
-    ``source``: a snapshot folder (read with `load_text_split`), a `datasets.Dataset`, or rows with a
-    ``messages`` column. ``batch_size``: rows per batch per rank (packs for ``packed_varlen``, samples
-    otherwise). ``seed`` orders the packed rows and the epochs' deals. Layouts, as in `build_batch`:
+    ``source``: a token store folder (no tokenizer needed), a snapshot folder, a `datasets.Dataset`, or rows
+    with a ``messages`` column. With ``cache_dir`` a snapshot is tokenised once into a content-addressed
+    token store there (reused by every later call, rank and restart: `build_token_store`; under an
+    initialised `torch.distributed` group the ranks share the work); without it the split is tokenised in
+    memory (``num_proc`` processes). ``batch_size``: rows per batch per rank (packs for ``packed_varlen``,
+    samples otherwise). ``seed`` orders the packed rows and the epochs' deals. Layouts, as in `build_batch`:
     ``packed_varlen`` packs samples into rows of ``spec.packing.pack_size`` (samples longer than it are
     dropped and counted in ``plan.dropped``, or raise, per ``drop_long_samples``); ``padded_varlen`` pads
     right to the batch max rounded up to ``pad_to_multiple_of``; ``fixed`` pads or truncates to
@@ -129,14 +141,13 @@ def build_batches(
         raise ConfigError(
             f"build_batches builds text batches; data.modality is {Modality(spec.modality).value}"
         )
-    rows = load_text_split(source, split=split) if isinstance(source, str | Path) else source
-    tokenized = tokenize_conversations(
-        rows, tokenizer=tokenizer, messages_field=messages_field, id_field=id_field, num_proc=num_proc
-    )
+    options = {"messages_field": messages_field, "id_field": id_field, "num_proc": num_proc}
+    tokenized = _tokenized(source, tokenizer=tokenizer, split=split, cache_dir=cache_dir, **options)
     samples = tokenized.samples
     plan = None
     if spec.packing is not None:
-        plan = plan_packing(samples.lengths, spec.packing, seed=seed, sample_ids=samples.sample_ids)
+        names = samples.sample_ids if isinstance(samples, TokenizedSamples) else StoreNames(samples.store)
+        plan = plan_packing(samples.lengths, spec.packing, seed=seed, sample_ids=names)
     dataset = PackedBatches(
         samples, spec, plan, pad_token_id=tokenized.pad_token_id, pad_to_multiple_of=pad_to_multiple_of
     )
@@ -150,3 +161,60 @@ def build_batches(
         drop_last=drop_last,
     )
     return TextBatches(tokenized, plan, dataset, sampler)
+
+
+def _tokenized(
+    source: str | Path | Any,
+    *,
+    tokenizer: str | Path | Any,
+    split: str,
+    cache_dir: str | Path | None,
+    messages_field: str,
+    id_field: str | None,
+    num_proc: int,
+) -> TokenizedText:
+    """The tokenised samples of ``source``: from a token store (given, or built/reused in ``cache_dir``),
+    else tokenised in memory."""
+    path = Path(source) if isinstance(source, str | Path) else None
+    if path is not None and _is_token_store(path):
+        return _from_store(TokenStore(path))
+    if tokenizer is None:
+        raise ConfigError(f"build_batches: tokenizer is required to tokenise {source!r} (not a token store)")
+    if cache_dir is not None:
+        if path is None:
+            raise ConfigError(
+                "build_batches: cache_dir needs a snapshot folder as source, not rows in memory"
+            )
+        built = build_token_store(
+            path,
+            tokenizer=tokenizer,
+            cache_dir=cache_dir,
+            split=split,
+            num_proc=num_proc,
+            messages_field=messages_field,
+            id_field=id_field,
+        )
+        return _from_store(TokenStore(built))
+    rows = load_text_split(path, split=split) if path is not None else source
+    return tokenize_conversations(
+        rows, tokenizer=tokenizer, messages_field=messages_field, id_field=id_field, num_proc=num_proc
+    )
+
+
+def _is_token_store(path: Path) -> bool:
+    """Whether ``path`` holds a manifest naming the token-store format (the reader then checks the rest)."""
+    if not (path / MANIFEST).is_file():
+        return False
+    try:
+        return detect(path) == TOKEN_STORE_FORMAT
+    except SubsetError:
+        return False  # another kind of folder: a snapshot's own reader says what is wrong with it
+
+
+def _from_store(store: TokenStore) -> TokenizedText:
+    return TokenizedText(
+        samples=StoreSamples(store),
+        skipped=store.skipped,
+        skipped_ids=tuple(store.skipped_ids()),
+        pad_token_id=store.pad_token_id,
+    )

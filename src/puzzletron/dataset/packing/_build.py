@@ -193,7 +193,8 @@ def build_batch(
     order, counts = _check_rows(rows, len(samples) if units is None else len(units))
     n_rows = len(rows)
     if units is None:
-        sample_of, starts, lengths = order, np.zeros_like(order), samples.lengths[order]
+        sample_of, starts = order, np.zeros_like(order)
+        lengths = samples.lengths[order].astype(np.int64)  # a store's index is uint32
     else:
         sample_of, starts, lengths = units.sample[order], units.start[order], units.length[order]
 
