@@ -40,6 +40,7 @@ from puzzletron.dataset.errors import ConfigError
 __all__ = [
     "NAME_MAX",
     "check_destination",
+    "fsync_path",
     "fsync_tree",
     "locked",
     "publications",
@@ -60,7 +61,7 @@ _HELD: dict[str, int] = {}
 _HELD_GUARD = threading.Lock()
 
 
-def _fsync_path(path: Path, *, directory: bool) -> None:
+def fsync_path(path: Path, *, directory: bool) -> None:
     flags = os.O_RDONLY | (os.O_DIRECTORY if directory else 0)
     fd = os.open(path, flags)
     try:
@@ -73,18 +74,18 @@ def fsync_tree(path: Path) -> None:
     """fsync every regular file and directory below `path` (symlinks are not followed), then `path`."""
     path = Path(path)
     if not path.is_dir() or path.is_symlink():
-        _fsync_path(path, directory=False)
+        fsync_path(path, directory=False)
         return
     for root, dirs, files in os.walk(path, topdown=False):
         for name in files:
             file = Path(root, name)
             if file.is_file() and not file.is_symlink():
-                _fsync_path(file, directory=False)
+                fsync_path(file, directory=False)
         for name in dirs:
             sub = Path(root, name)
             if not sub.is_symlink():
-                _fsync_path(sub, directory=True)
-    _fsync_path(path, directory=True)
+                fsync_path(sub, directory=True)
+    fsync_path(path, directory=True)
 
 
 def check_destination(destination: str | Path, what: str = "output directory") -> Path:
@@ -155,7 +156,7 @@ def sweep_stale(destination: Path) -> list[Path]:
                 entry.unlink()
             removed.append(entry)
     if removed:
-        _fsync_path(destination.parent, directory=True)
+        fsync_path(destination.parent, directory=True)
     return removed
 
 
@@ -291,11 +292,11 @@ def staging_dir(destination: Path) -> Iterator[Path]:
     try:
         yield tmp
         fsync_tree(tmp)
-        _fsync_path(destination.parent, directory=True)
+        fsync_path(destination.parent, directory=True)
         _check_free(destination)
         os.rename(tmp, destination)
         _PUBLISHED[_key(destination)] = _PUBLISHED.get(_key(destination), 0) + 1
-        _fsync_path(destination.parent, directory=True)
+        fsync_path(destination.parent, directory=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

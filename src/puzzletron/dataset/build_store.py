@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from puzzletron.dataset._atomic import _fsync_path, fsync_tree, locked, staging_dir
+from puzzletron.dataset._atomic import fsync_path, fsync_tree, locked, staging_dir
 from puzzletron.dataset._checks import require_positive
 from puzzletron.dataset._store_identity import (
     identity_differences,
@@ -55,7 +55,7 @@ from puzzletron.dataset.errors import ConfigError, SubsetError
 from puzzletron.dataset.formats._manifest import MANIFEST
 from puzzletron.dataset.formats._token_store_layout import read_complete_manifest, token_dtype
 from puzzletron.dataset.formats.token_store_writer import ShardWriter, assemble_store, read_shard_record
-from puzzletron.dataset.tokenize import _select_rows, load_tokenizer, map_tasks, pad_token_id, tokenize_rows
+from puzzletron.dataset.tokenize import load_tokenizer, map_tasks, pad_token_id, select_rows, tokenize_rows
 
 __all__ = ["DEFAULT_ROWS_PER_SHARD", "build_token_store", "identity_sha256", "short_hash", "store_identity"]
 
@@ -111,7 +111,7 @@ def _build_shard(plan: _Plan, shard: int) -> dict[str, Any]:
         )  # fmt: skip
         for part in parts:
             supervised = part.supervised
-            (ids, mask), offsets = _select_rows(
+            (ids, mask), offsets = select_rows(
                 (part.input_ids, part.mask), part.offsets, np.flatnonzero(supervised)
             )
             writer.add(ids, mask, np.diff(offsets), part.sample_ids, supervised=supervised)
@@ -121,7 +121,7 @@ def _build_shard(plan: _Plan, shard: int) -> dict[str, Any]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_path(plan.build_dir, directory=True)
+    fsync_path(plan.build_dir, directory=True)
     return record
 
 

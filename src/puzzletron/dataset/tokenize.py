@@ -45,6 +45,7 @@ __all__ = [
     "load_tokenizer",
     "map_tasks",
     "pad_token_id",
+    "select_rows",
     "shift_labels",
     "tokenize_conversation",
     "tokenize_conversations",
@@ -268,7 +269,7 @@ def tokenize_conversations(
     keep = np.flatnonzero(supervised > 0)
     skipped = np.flatnonzero(supervised == 0)
     labels = labels_from_mask(input_ids, mask, offsets)
-    (flat_ids, flat_labels), kept_offsets = _select_rows((input_ids, labels), offsets, keep)
+    (flat_ids, flat_labels), kept_offsets = select_rows((input_ids, labels), offsets, keep)
     samples = TokenizedSamples(flat_ids, flat_labels, kept_offsets, tuple(ids[i] for i in keep.tolist()))
     return TokenizedText(
         samples=samples,
@@ -278,27 +279,7 @@ def tokenize_conversations(
     )
 
 
-def _flatten(column: Any) -> tuple[np.ndarray, np.ndarray]:
-    """A pyarrow list column -> (flat int64 values, ``[n + 1]`` int64 offsets from 0).
-
-    Chunk by chunk, never `combine_chunks`: Arrow ``list`` offsets are int32, so one combined array of a
-    large split (over 2**31 tokens) would overflow; numpy offsets here are int64.
-    """
-    import pyarrow as pa
-
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    values, lengths = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
-    for chunk in chunks:
-        if len(chunk) == 0:
-            continue
-        off = chunk.offsets.to_numpy().astype(np.int64)
-        values.append(chunk.values.to_numpy(zero_copy_only=False)[off[0] : off[-1]].astype(np.int64))
-        lengths.append(np.diff(off))
-    length = np.concatenate(lengths)
-    return np.concatenate(values), np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(length)])
-
-
-def _select_rows(
+def select_rows(
     columns: tuple[np.ndarray, ...], offsets: np.ndarray, keep: np.ndarray
 ) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     """Rows ``keep`` (sorted, unique) of ragged columns sharing ``offsets`` ``[n + 1]``: (the columns' rows,
