@@ -169,12 +169,10 @@ def _tokenized(
     tokenizer: str | Path | Any,
     split: str,
     cache_dir: str | Path | None,
-    messages_field: str,
-    id_field: str | None,
-    num_proc: int,
+    **options: Any,
 ) -> TokenizedText:
     """The tokenised samples of ``source``: from a token store (given, or built/reused in ``cache_dir``),
-    else tokenised in memory."""
+    else tokenised in memory. ``options``: ``messages_field``, ``id_field``, ``num_proc``."""
     path = Path(source) if isinstance(source, str | Path) else None
     if path is not None and _is_token_store(path):
         return _from_store(TokenStore(path))
@@ -185,20 +183,10 @@ def _tokenized(
             raise ConfigError(
                 "build_batches: cache_dir needs a snapshot folder as source, not rows in memory"
             )
-        built = build_token_store(
-            path,
-            tokenizer=tokenizer,
-            cache_dir=cache_dir,
-            split=split,
-            num_proc=num_proc,
-            messages_field=messages_field,
-            id_field=id_field,
-        )
+        built = build_token_store(path, tokenizer=tokenizer, cache_dir=cache_dir, split=split, **options)
         return _from_store(TokenStore(built))
     rows = load_text_split(path, split=split) if path is not None else source
-    return tokenize_conversations(
-        rows, tokenizer=tokenizer, messages_field=messages_field, id_field=id_field, num_proc=num_proc
-    )
+    return tokenize_conversations(rows, tokenizer=tokenizer, **options)
 
 
 def _is_token_store(path: Path) -> bool:
