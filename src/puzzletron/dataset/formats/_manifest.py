@@ -81,9 +81,10 @@ def _too_deep(value: Any, limit: int) -> bool:
     return False
 
 
-def parse_json(data: bytes | str, what: str) -> Any:
+def parse_json(data: bytes | str, what: str, *, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
     """The JSON value of `data` (UTF-8 when bytes); `ValueError` saying what is wrong with it: not UTF-8, not
-    JSON, or nested more than `MAX_JSON_DEPTH` levels (the parser would otherwise hit `RecursionError`).
+    JSON, or nested more than `max_depth` levels (the parser would otherwise hit `RecursionError`; with
+    ``max_depth=None`` only that is refused: for a caller that walks no nested value).
 
     >>> parse_json(b'{"a": [1]}', "x")
     {'a': [1]}
@@ -103,18 +104,19 @@ def parse_json(data: bytes | str, what: str) -> Any:
     except ValueError as exc:
         raise ValueError(f"{what} is not JSON: {exc}") from None
     else:
-        deep = _too_deep(value, MAX_JSON_DEPTH)
+        deep = max_depth is not None and _too_deep(value, max_depth)
     if deep:
-        raise ValueError(f"{what} nests JSON more than {MAX_JSON_DEPTH} levels deep")
+        limit = MAX_JSON_DEPTH if max_depth is None else max_depth  # a RecursionError is far past either
+        raise ValueError(f"{what} nests JSON more than {limit} levels deep")
     return value
 
 
-def load_json(path: Path, what: str) -> Any:
+def load_json(path: Path, what: str, *, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
     """The JSON value in the file `path`; `SubsetError` saying `what` is missing or unreadable (not UTF-8, not
     JSON, nested too deep: `parse_json`)."""
     try:
         with open(path, "rb") as fh:
-            return parse_json(fh.read(), what)
+            return parse_json(fh.read(), what, max_depth=max_depth)
     except FileNotFoundError as exc:
         raise SubsetError(f"{path}: {what} is missing") from exc
     except OSError as exc:

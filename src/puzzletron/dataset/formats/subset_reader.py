@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.errors import SubsetError
-from puzzletron.dataset.formats._manifest import MANIFEST, check_file, inside, load_json, parse_json
+from puzzletron.dataset.formats._manifest import (
+    MANIFEST,
+    MAX_JSON_DEPTH,
+    check_file,
+    inside,
+    load_json,
+    parse_json,
+)
 from puzzletron.dataset.formats._subset_layout import (
     IDX_HEADER,
     IDX_MAGIC,
@@ -58,14 +65,16 @@ def _image_record(record: Any) -> bool:
     )
 
 
-def subset_manifest(root: Path, *, counts: bool = True) -> dict[str, Any]:
+def subset_manifest(root: Path, *, counts: bool = True, records: bool = True) -> dict[str, Any]:
     """The manifest at `root`, checked before anything else is read (not for completeness): a JSON object of
     this format and a version this code reads (exactly ``2``; the original layout: ``1``), integer counts,
     ``images`` a list of ``image_count`` records with integer indices and a string path (`counts=False`: of
     any length; `verify_subset` reports a mismatch among its problems), and (version 2) records for the
-    sample file and index. `SubsetError` naming what is wrong otherwise (``docs/trust-model.md``)."""
+    sample file and index. `SubsetError` naming what is wrong otherwise (``docs/trust-model.md``).
+    ``records=False`` (`SubsetReader`, which reads no image record) skips checking each image record and
+    the nesting of their values: a 100k-image manifest then costs its parse alone."""
     where = root / MANIFEST
-    manifest = load_json(where, "the manifest")
+    manifest = load_json(where, "the manifest", max_depth=MAX_JSON_DEPTH if records else None)
     if not isinstance(manifest, dict):
         raise SubsetError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
     fmt = manifest.get("format")
@@ -85,7 +94,7 @@ def subset_manifest(root: Path, *, counts: bool = True) -> dict[str, Any]:
         raise SubsetError(f"{where}: 'images' is {images!r}; expected a list of records")
     if counts and len(images) != image_count:
         raise SubsetError(f"{where}: 'images' does not list image_count={image_count} images")
-    for record in images:
+    for record in images if records else ():
         if not _image_record(record):
             raise SubsetError(
                 f"{where}: image record {record!r} is not {{sample_index, image_index: int, path: str}}"
@@ -148,7 +157,8 @@ class SubsetReader(Sequence):
         self._fds: tuple[int, int] | None = None
         if not (self.root / MANIFEST).is_file():
             raise SubsetError(f"{self.root}: no {MANIFEST}; not a complete subset")
-        header = subset_manifest(self.root)  # format, version and counts before any sample is served
+        # format, version and counts before any sample is served (image records: when one is used)
+        header = subset_manifest(self.root, records=False)
         if not is_original_layout(header):
             if not ((self.root / INDEX).is_file() and (self.root / SAMPLES).is_file()):
                 raise SubsetError(f"{self.root}: {SAMPLES} or {INDEX} is missing; not a complete subset")
