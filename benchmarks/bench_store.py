@@ -307,8 +307,8 @@ def extrapolate(
         lines.append(
             f"  build once: {TOKENS_45B / per_proc / 3600:.0f} process-hours at {per_proc:,.0f} tokens/s "
             f"per process; {TOKENS_45B / (per_proc * procs) / 60:.0f} min with {RANKS} ranks x 8 processes "
-            "(shards spread over ranks, linear as measured 1 -> 2 processes); every restart and every later "
-            "rank reuses it"
+            f"(shards spread over ranks; 1 -> 2 processes measured {build['speedup_2_proc']:.2f}x on 2 "
+            "cores); every restart and every later rank reuses it"
         )
     lines.append(
         f"  disk: {TOKENS_45B * 2 / 1e9:.0f} GB of uint16 ids (vocab <= 65,536; x2 for uint32) + "
