@@ -438,15 +438,25 @@ def test_ctrl_c_prints_one_line_exits_130_and_publishes_nothing(hub_endpoint: st
     argv = ["materialize", "puzzle-kd", f"--output={out}", "--train-samples=20", "--validation-samples=20"]
     with FaultProxy(hub_endpoint, mode="stall", drop_pattern="validation-") as proxy:
         env = {**os.environ, "HF_ENDPOINT": proxy.endpoint, "HF_HOME": str(tmp_path / "hf")}
+        # A shell's background job (or nohup) starts with SIGINT ignored, and Python keeps an ignored SIGINT:
+        # give the child the default disposition, as a terminal's foreground process has.
         child = subprocess.Popen(
-            [sys.executable, "-m", "puzzletron.cli", *argv], env=env, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-m", "puzzletron.cli", *argv],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         deadline = time.monotonic() + 60
         while not any(m == "GET" and "validation-" in p for m, p in proxy.requests):
             assert child.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=60)
+        try:
+            _, err = child.communicate(timeout=15)
+        except subprocess.TimeoutExpired:  # a signal that landed before Python could act on it: press again
+            child.send_signal(signal.SIGINT)
+            _, err = child.communicate(timeout=45)
     assert child.returncode == 130
     assert err.strip().splitlines() == [
         "puzzletron-data materialize: interrupted; nothing partial was published"
