@@ -99,34 +99,13 @@ def conversations(
 def build_tokenizer_32k(directory: Path) -> Path:
     """Train (once; reused when ``directory`` holds it) a 32,000-token byte-level BPE with the fixture chat
     template, saved as a `transformers` tokenizer folder."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from puzzletron.fixtures.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS
+    from puzzletron.fixtures.tokenizer import train_chat_tokenizer
 
     directory = Path(directory)
     if (directory / "tokenizer.json").is_file():
         return directory
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=32_000,
-        min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
     gen = ConversationGenerator(12_345)
-    core.train_from_iterator([gen.text(200) for _ in range(8_000)], trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
-        model_max_length=1 << 20,
-        clean_up_tokenization_spaces=False,
+    corpus = [gen.text(200) for _ in range(8_000)]
+    return train_chat_tokenizer(
+        directory, corpus, vocab_size=32_000, min_frequency=2, model_max_length=1 << 20
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(directory)
-    return directory

@@ -77,6 +77,15 @@ def test_a_total_that_is_not_an_integer_is_a_config_error(total) -> None:
         largest_remainder_quotas({"a": 1, "b": 2}, total)
 
 
+def _materialize_one(tmp_path, loader) -> dict:
+    """One sample of the subset ``only`` from ``loader``, at a fixed revision."""
+    return materialize_nemotron_vlm_dataset(
+        VlmAcquisitionSpec(output_dir=tmp_path / "s", subsets=("only",), num_samples=1),
+        sample_loader=loader,
+        revision_resolver=lambda source, revision: "a" * 40,
+    )
+
+
 def test_a_loader_row_that_is_not_a_mapping_is_rejected_and_recorded(tmp_path) -> None:
     """An injected loader yielding junk: the row is recorded as rejected, the run goes on (no crash)."""
 
@@ -84,11 +93,7 @@ def test_a_loader_row_that_is_not_a_mapping_is_rejected_and_recorded(tmp_path) -
         yield ["not", "a", "row"]
         yield nemotron_row(1)
 
-    manifest = materialize_nemotron_vlm_dataset(
-        VlmAcquisitionSpec(output_dir=tmp_path / "s", subsets=("only",), num_samples=1),
-        sample_loader=loader,
-        revision_resolver=lambda source, revision: "a" * 40,
-    )
+    manifest = _materialize_one(tmp_path, loader)
     assert manifest["diagnostics"]["rejected_rows"] == [
         {"subset": "only", "row_id": None, "reason": "expected a row mapping, got list"}
     ]
@@ -119,11 +124,7 @@ def test_a_loader_may_yield_a_rejected_row_with_its_own_reason(tmp_path) -> None
         yield RejectedRow("r7", "image(s) ['7.png'] not found in any of the 3 tar shards")
         yield nemotron_row(1)
 
-    manifest = materialize_nemotron_vlm_dataset(
-        VlmAcquisitionSpec(output_dir=tmp_path / "s", subsets=("only",), num_samples=1),
-        sample_loader=loader,
-        revision_resolver=lambda source, revision: "a" * 40,
-    )
+    manifest = _materialize_one(tmp_path, loader)
     assert manifest["diagnostics"]["rejected_rows"] == [
         {"subset": "only", "row_id": "only@12", "reason": "invalid JSON at byte 12: Expecting value"},
         {
