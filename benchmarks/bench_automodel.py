@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from puzzletron.dataset import batch_from_automodel
-from puzzletron.dataset.automodel import forward_kwargs
+from puzzletron.dataset.clients.automodel.adapter import forward_kwargs
 
 PATCH_DIM = 3 * 2 * 14 * 14  # Qwen2-VL flat patch row
 

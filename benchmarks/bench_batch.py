@@ -17,10 +17,10 @@ from collections.abc import Callable
 import torch
 
 from puzzletron.dataset import DataLayout, PackedSequenceMetadata, PuzzletronBatch
-from puzzletron.dataset.batch import _segments
+from puzzletron.dataset.batch import segments as _segments
 from puzzletron.dataset.batch._fingerprint import fingerprint_of
-from puzzletron.dataset.batch._segments import canonical_packed_ids
-from puzzletron.dataset.parallel import load_balanced_cp_indices
+from puzzletron.dataset.batch.cp import load_balanced_cp_indices
+from puzzletron.dataset.batch.segments import canonical_packed_ids
 
 __all__ = ["main"]
 

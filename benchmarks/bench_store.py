@@ -55,7 +55,7 @@ def _fresh(code: str, *, env: dict[str, str] | None = None) -> dict[str, Any]:
 
 def _snapshot(work: Path, rows: list[dict[str, Any]]) -> Path:
     """A Puzzle-KD text snapshot of ``rows`` (train) written by the real materialiser, offline."""
-    from puzzletron.dataset.acquisition import TextAcquisitionSpec, materialize_puzzle_kd_dataset
+    from puzzletron.dataset.sources import TextAcquisitionSpec, materialize_puzzle_kd_dataset
 
     out = work / f"snapshot-{len(rows)}"
     if not (out / "manifest.json").is_file():
@@ -73,9 +73,8 @@ def _snapshot(work: Path, rows: list[dict[str, Any]]) -> Path:
 _BUILD = """
 import json, shutil, statistics, time
 from pathlib import Path
-from puzzletron.dataset.build_store import build_token_store
-from puzzletron.dataset.tokenize import load_tokenizer, tokenize_rows
-from puzzletron.dataset.pipeline import load_text_split
+from puzzletron.dataset.formats.text_snapshot import load_text_split
+from puzzletron.dataset.tokenize import build_token_store, load_tokenizer, tokenize_rows
 tok = load_tokenizer(Path({tok!r}))
 rows = load_text_split(Path({snapshot!r}))
 texts = [tok.apply_chat_template(m, tokenize=False) for m in rows["messages"]]
@@ -114,12 +113,14 @@ print(json.dumps({{"raw_tokens_per_cpu_s": med(r for r, _ in pairs),
 _WALL = """
 import json, shutil, time
 from pathlib import Path
-from puzzletron.dataset.build_store import build_token_store
+from puzzletron.dataset.config import TokenizeOptions
+from puzzletron.dataset.tokenize import build_token_store
 out = Path({work!r}) / "store-wall-{procs}"
 shutil.rmtree(out, ignore_errors=True)
 t = time.perf_counter()
 snapshot, tokenizer = Path({snapshot!r}), Path({tok!r})
-build_token_store(snapshot, tokenizer=tokenizer, output=out, num_proc={procs}, rows_per_shard=2048)
+options = TokenizeOptions(rows_per_shard=2048)
+build_token_store(snapshot, tokenizer=tokenizer, output=out, num_proc={procs}, options=options)
 print(json.dumps({{"wall_s": time.perf_counter() - t}}))
 """
 
@@ -162,8 +163,8 @@ def bench_build(work: Path, n_rows: int, repeats: int) -> dict[str, Any]:
 def synthetic_store(path: Path, tokens: int, *, seed: int = 0, rows_per_shard: int = 65_536) -> Path:
     """A token store of about ``tokens`` tokens from synthetic ids (uint16, vocab 32,000), written through the
     format's own shard writer and assembler; reused when ``path`` already holds one."""
-    from puzzletron.dataset._atomic import staging_dir
-    from puzzletron.dataset.formats.token_store_writer import ShardWriter, assemble_store
+    from puzzletron.dataset.formats.token_store.writer import ShardWriter, assemble_store
+    from puzzletron.dataset.storage.atomic import staging_dir
 
     if (path / "manifest.json").is_file():
         return path
@@ -203,7 +204,7 @@ _READ = """
 import json, sys, time
 t0 = time.perf_counter()
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
-from puzzletron.dataset.pipeline import build_batches
+from puzzletron.dataset.pipelines.text import build_batches
 spec = PuzzletronDataSpec("text", "packed_varlen", {pack}, PackingSpec({pack}))
 batches = build_batches({path!r}, spec=spec, batch_size={batch}, seed=0)
 it = iter(batches)

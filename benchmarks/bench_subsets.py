@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from puzzletron.dataset.subset import materialize_normalized_conversation_samples
+from puzzletron.dataset.formats.subset import materialize_normalized_conversation_samples
 
 SOURCE = {"dataset": "bench/photos", "revision": "0" * 40}
 
@@ -132,7 +132,7 @@ if how == "reader":
     package = types.ModuleType("puzzletron.dataset")
     package.__path__ = [os.path.join(os.path.dirname(puzzletron.__file__), "dataset")]
     sys.modules["puzzletron.dataset"] = package
-    from puzzletron.dataset.subset import SubsetReader
+    from puzzletron.dataset.formats.subset import SubsetReader
 else:
     from puzzletron.dataset import load_materialized_conversation_dataset
 proc = psutil.Process()

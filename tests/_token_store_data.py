@@ -11,7 +11,7 @@ from typing import Any
 
 import datasets
 
-from puzzletron.dataset.acquisition import TextAcquisitionSpec, materialize_puzzle_kd_dataset
+from puzzletron.dataset.sources import TextAcquisitionSpec, materialize_puzzle_kd_dataset
 from puzzletron.fixtures.hub import PUZZLE_KD, FixtureHub
 
 __all__ = [

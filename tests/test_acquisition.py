@@ -23,8 +23,8 @@ from puzzletron.dataset import (
     materialize_nemotron_vlm_dataset,
     materialize_puzzle_kd_dataset,
 )
-from puzzletron.dataset.acquisition import verify_text_snapshot
 from puzzletron.dataset.errors import AcquisitionError, ConfigError
+from puzzletron.dataset.sources import verify_text_snapshot
 from puzzletron.fixtures.faults import FaultProxy
 from puzzletron.fixtures.hub import (
     INTERSYN_MULTI,
@@ -485,7 +485,7 @@ def test_nemotron_weights_and_reuse(hub_endpoint: str, tmp_path: Path, monkeypat
 def test_each_image_is_decoded_once(hub_endpoint: str, tmp_path: Path, monkeypatch) -> None:
     """Acquisition validates each image and hands the materialiser the `EncodedImage` it made, which is
     stored as it is: one full decode per image, not two (the real decoder, counted)."""
-    from puzzletron.dataset import _images
+    from puzzletron.dataset.conversation import images as _images
 
     decoded: list[int] = []
     real = _images._decode
@@ -743,7 +743,7 @@ def test_nemotron_streams_each_sample_to_disk_before_pulling_the_next_row(
     hub_endpoint: str, tmp_path: Path
 ) -> None:
     """The real Hub reader, spied on: when row p is requested, the p - 1 accepted rows' images are on disk."""
-    from puzzletron.dataset.acquisition import hub_vlm_rows
+    from puzzletron.dataset.sources import hub_vlm_rows
 
     out = tmp_path / "stream"
     seen: list[int] = []

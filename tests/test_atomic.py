@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from puzzletron.dataset._atomic import fsync_tree, locked, staging_dir, txn_prefix
+from puzzletron.dataset.storage.atomic import fsync_tree, locked, staging_dir, txn_prefix
 
 FORK = multiprocessing.get_context("fork")
 

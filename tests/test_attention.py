@@ -1,5 +1,5 @@
-"""`puzzletron.dataset.attention`: the attention kwargs of a packed batch reproduce per-document causal
-attention, and `model_inputs` hands HF the labels so that nothing is shifted twice.
+"""`puzzletron.dataset.clients.attention`: the attention kwargs of a packed batch reproduce per-document
+causal attention, and `model_inputs` hands HF the labels so that nothing is shifted twice.
 
 A minimal varlen attention written here consumes the kwargs (flash ``cu_seq_lens_q/k``; Transformer Engine
 ``cu_seqlens`` + ``cu_seqlens_padded``; Megatron-Core ``PackedSeqParams``, which Megatron hands to TE) and is
@@ -22,10 +22,10 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 
 from puzzletron.dataset import batch_from_automodel
-from puzzletron.dataset.attention import model_inputs
-from puzzletron.dataset.automodel import forward_kwargs
+from puzzletron.dataset.batch.cp import batch_cp_indices
+from puzzletron.dataset.clients.attention import model_inputs
+from puzzletron.dataset.clients.automodel.adapter import forward_kwargs
 from puzzletron.dataset.errors import BatchValidationError, ConfigError
-from puzzletron.dataset.parallel import batch_cp_indices
 
 HEADS, DIM = 2, 4
 

@@ -53,9 +53,9 @@ from puzzletron.dataset import (
     load_materialized_conversation_dataset,
     materialize_normalized_conversation_samples,
 )
-from puzzletron.dataset.automodel import forward_kwargs
+from puzzletron.dataset.batch.cp import batch_cp_indices
+from puzzletron.dataset.clients.automodel.adapter import forward_kwargs
 from puzzletron.dataset.errors import BatchValidationError
-from puzzletron.dataset.parallel import batch_cp_indices
 from puzzletron.fixtures.tokenizer import (
     build_chat_tokenizer,
     build_qwen2_5_vl_processor,

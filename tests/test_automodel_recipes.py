@@ -1,8 +1,8 @@
 """NeMo AutoModel 0.7.0's own finetune recipes train on this library's data factories, on the CPU.
 
 The LLM recipe (``TrainFinetuneRecipeForNextTokenPrediction``) instantiates
-`puzzletron.dataset.llm_factory.make_puzzletron_chat_dataset` on a Puzzle-KD snapshot (the fixture Hub's
-rows saved per split, as acquisition writes them) in each layout; the VLM recipe (``FinetuneRecipeForVLM``)
+`puzzletron.dataset.clients.automodel.llm_factory.make_puzzletron_chat_dataset` on a Puzzle-KD snapshot (the
+fixture Hub's rows saved per split, as acquisition writes them) in each layout; the VLM recipe (``FinetuneRecipeForVLM``)
 instantiates `puzzletron.dataset.load_materialized_conversation_dataset` on a materialised subset. Tiny
 random models come from local ``config.json`` files (no weights, no Hub). Each run is 3 optimizer steps;
 the losses the recipe writes to its ``training.jsonl`` are finite and falling, and the LLM recipe's first
@@ -28,7 +28,7 @@ from PIL import Image
 
 from _tiny_models import TINY_TEXT, document_logits, qwen2_5_vl_config, reference_loss
 from puzzletron.dataset import materialize_normalized_conversation_samples
-from puzzletron.dataset.llm_factory import make_puzzletron_chat_dataset
+from puzzletron.dataset.clients.automodel.llm_factory import make_puzzletron_chat_dataset
 from puzzletron.fixtures.hub import PUZZLE_KD, FixtureHub
 from puzzletron.fixtures.tokenizer import build_chat_tokenizer, build_qwen2_5_vl_processor
 
@@ -185,7 +185,7 @@ def test_llm_finetune_recipe_trains_on_the_text_factory(
     cpu_patches: dict[str, Any], llm_files: dict[str, Path], tmp_path: Path, layout: str
 ) -> None:
     dataset = {
-        "_target_": "puzzletron.dataset.llm_factory.make_puzzletron_chat_dataset",
+        "_target_": "puzzletron.dataset.clients.automodel.llm_factory.make_puzzletron_chat_dataset",
         "dataset_path": str(llm_files["snapshot"]),
         "tokenizer_path": str(llm_files["model"]),
         "split": "train",

@@ -21,7 +21,8 @@ from puzzletron.dataset import (
     parallel,
 )
 from puzzletron.dataset.batch import _core as batch_module
-from puzzletron.dataset.batch import _fingerprint, _segments, _validation
+from puzzletron.dataset.batch import _fingerprint, _validation
+from puzzletron.dataset.batch import segments as _segments
 from puzzletron.dataset.errors import BatchValidationError
 
 
@@ -1035,7 +1036,7 @@ def test_row_split_of_padding_rows_keeps_cu_zero_and_seq_ids() -> None:
 
 def neat_rows() -> PuzzletronBatch:
     """AutoModel neat-packing output of 3 rows of 6 tokens (per-row cu, token indices) as a batch."""
-    from puzzletron.dataset.automodel import batch_from_automodel
+    from puzzletron.dataset.clients.automodel.adapter import batch_from_automodel
 
     doc = torch.tensor([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 0, 0], [1, 2, 3, 0, 0, 0]])
     collated = {
@@ -1141,7 +1142,7 @@ def test_cp_partition_rebuilds_per_row_kwargs_for_the_local_layout() -> None:
 
 
 def test_cp_partition_gives_a_row_starting_with_padding_a_zero_length_thd_document() -> None:
-    from puzzletron.dataset.automodel import document_map
+    from puzzletron.dataset.clients.automodel.adapter import document_map
 
     # THD row: document 0 (2 tokens + 2 padding), document 1 (2 tokens).
     b = packed_row(
@@ -1188,7 +1189,7 @@ def test_dp_slice_of_a_packed_row_rebuilds_thd_lengths_and_token_indices() -> No
 
 
 def test_flash_kwargs_dropped_by_a_split_are_rebuilt_by_forward_kwargs() -> None:
-    from puzzletron.dataset.automodel import forward_kwargs
+    from puzzletron.dataset.clients.automodel.adapter import forward_kwargs
 
     part = thd_rows().cp_partition(torch.tensor([0, 1, 4, 5]), cp_rank=0, cp_size=2)
     flash = forward_kwargs(part, backend="flash")
@@ -1304,7 +1305,7 @@ def test_a_cp_rank_without_tokens_rebuilds_thd_lengths() -> None:
 
 
 def test_one_row_of_per_row_cu_keeps_its_minus_one_padding_across_cp() -> None:
-    from puzzletron.dataset.parallel import batch_cp_indices, gather_cp_partitions
+    from puzzletron.dataset.batch.cp import batch_cp_indices, gather_cp_partitions
 
     # A row of a larger AutoModel batch: cu_seqlens [1, D+1] padded with -1 after its one document.
     b = packed_row([4], 8, cu_seqlens=torch.tensor([[0, 4, -1]], dtype=torch.int32))

@@ -21,11 +21,14 @@ import torch.multiprocessing as tmp_mp
 from transformers import AutoTokenizer
 
 from _token_store_data import ROWS_PER_SHARD, TRAIN_ROWS
-from puzzletron.dataset import build_store, formats
-from puzzletron.dataset.build_store import build_token_store, short_hash, store_identity
+from puzzletron.dataset import formats
+from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.errors import ConfigError, ConversationError, SubsetError
+from puzzletron.dataset.formats.text_snapshot import open_split
 from puzzletron.dataset.formats.token_store import TokenStore
-from puzzletron.dataset.formats.token_store_writer import ShardWriter
+from puzzletron.dataset.formats.token_store.writer import ShardWriter
+from puzzletron.dataset.tokenize import build_token_store, short_hash, store_identity
+from puzzletron.dataset.tokenize import store as build_store
 
 FORK = multiprocessing.get_context("fork")
 SHARDS = -(-TRAIN_ROWS // ROWS_PER_SHARD)
@@ -42,12 +45,16 @@ def _serial_tokenizers(monkeypatch: pytest.MonkeyPatch) -> None:
 def reference(snapshot: Path, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """The manifest bytes of a clean one-process build (it holds every file's SHA-256)."""
     out = tmp_path_factory.mktemp("reference") / "store"
-    path = build_token_store(snapshot, tokenizer=tokenizer_dir, output=out, rows_per_shard=ROWS_PER_SHARD)
+    path = build_token_store(
+        snapshot, tokenizer=tokenizer_dir, output=out, options=TokenizeOptions(rows_per_shard=ROWS_PER_SHARD)
+    )
     return (path / "manifest.json").read_bytes()
 
 
 def _build(snapshot: Path, tokenizer: object, **kwargs: object) -> Path:
-    return build_token_store(snapshot, tokenizer=tokenizer, rows_per_shard=ROWS_PER_SHARD, **kwargs)
+    return build_token_store(
+        snapshot, tokenizer=tokenizer, options=TokenizeOptions(rows_per_shard=ROWS_PER_SHARD), **kwargs
+    )
 
 
 @contextmanager
@@ -76,7 +83,9 @@ def test_a_store_is_reused_without_loading_the_tokenizer_or_tokenising(
     with _counting(monkeypatch) as calls:
         path = _build(snapshot, tokenizer_dir, cache_dir=cache)
     assert len(calls) == SHARDS and (path / "manifest.json").read_bytes() == reference
-    identity = store_identity(snapshot, tokenizer=tokenizer_dir, rows_per_shard=ROWS_PER_SHARD)
+    identity = store_identity(
+        open_split(snapshot), tokenizer=tokenizer_dir, options=TokenizeOptions(rows_per_shard=ROWS_PER_SHARD)
+    )
     assert path == cache / short_hash(identity) and len(path.name) == 16
 
     def never(*args, **kwargs):
@@ -99,10 +108,9 @@ def _edited_tokenizer(tokenizer_dir: Path, out: Path, edit) -> Path:
 def test_identity_follows_tokenizer_template_options_and_snapshot(
     snapshot: Path, tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def ident(tokenizer=tokenizer_dir, **kw):
-        return short_hash(
-            store_identity(snapshot, tokenizer=tokenizer, rows_per_shard=kw.pop("rows", 32), **kw)
-        )
+    def ident(tokenizer=tokenizer_dir, *, rows=32, split="train", **kw):
+        options = TokenizeOptions(rows_per_shard=rows, **kw)
+        return short_hash(store_identity(open_split(snapshot, split), tokenizer=tokenizer, options=options))
 
     same = shutil.copytree(tokenizer_dir, tmp_path / "copy")
     template = _edited_tokenizer(
@@ -143,7 +151,9 @@ def test_another_identity_at_output_is_an_error_naming_what_differs(
     with pytest.raises(
         SubsetError, match=r"another identity \(existing vs requested: options\.rows_per_shard: 32 vs 64"
     ):
-        build_token_store(snapshot, tokenizer=tokenizer_dir, output=out, rows_per_shard=64)
+        build_token_store(
+            snapshot, tokenizer=tokenizer_dir, output=out, options=TokenizeOptions(rows_per_shard=64)
+        )
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "file").write_text("x")
     with pytest.raises(SubsetError, match="not empty and holds no token store"):

@@ -83,7 +83,7 @@ def _rows(source, *, split, revision, seed):
 
 @pytest.fixture
 def text_snapshot(tmp_path):
-    from puzzletron.dataset.acquisition import TextAcquisitionSpec, materialize_puzzle_kd_dataset
+    from puzzletron.dataset.sources import TextAcquisitionSpec, materialize_puzzle_kd_dataset
 
     out = tmp_path / "pkd"
     spec = TextAcquisitionSpec(output_dir=out, train_samples=3, validation_samples=2, revision="a" * 40)
@@ -106,7 +106,7 @@ def test_inspect_describes_a_text_snapshot_from_its_manifest(text_snapshot, caps
 
 
 def test_verify_dispatches_a_text_snapshot_to_the_acquisition_verifier(text_snapshot, capsys):
-    from puzzletron.dataset import acquisition
+    from puzzletron.dataset import sources as acquisition
 
     if not hasattr(acquisition, "verify_text_snapshot"):
         pytest.skip("acquisition.verify_text_snapshot is not there yet (the fallback is tested below)")

@@ -18,8 +18,8 @@ from puzzletron.dataset import (
     load_materialized_conversation_dataset,
     materialize_normalized_conversation_samples,
 )
+from puzzletron.dataset.clients.automodel.vlm_factory import round_robin_order
 from puzzletron.dataset.errors import ConfigError, ConversationError
-from puzzletron.dataset.factory import round_robin_order
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def test_numpy_and_torch_integer_indices_work(subset):
 def test_factory_docstring_examples_run():
     import doctest
 
-    import puzzletron.dataset.factory as factory
+    import puzzletron.dataset.clients.automodel.vlm_factory as factory
 
     result = doctest.testmod(factory)
     assert result.attempted >= 1 and result.failed == 0

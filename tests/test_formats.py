@@ -10,23 +10,23 @@ import pytest
 
 from _conversation_samples import single_samples
 from puzzletron.dataset import formats
-from puzzletron.dataset.acquisition import TextAcquisitionSpec, materialize_puzzle_kd_dataset
 from puzzletron.dataset.errors import SubsetError
 from puzzletron.dataset.formats import FORMATS, VerifyReport, format_of
-from puzzletron.dataset.formats._manifest import (
+from puzzletron.dataset.formats.manifest import (
     check_file,
     differing_keys,
     require_same_acquisition,
     sha256_file,
 )
-from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT, read_text_snapshot
-from puzzletron.dataset.subset import (
+from puzzletron.dataset.formats.subset import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
     materialize_normalized_conversation_samples,
     read_manifest,
 )
+from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT, read_text_snapshot
+from puzzletron.dataset.sources import TextAcquisitionSpec, materialize_puzzle_kd_dataset
 
 
 def _rows(source, *, split, revision, seed):
@@ -251,8 +251,8 @@ def test_acquisition_comparison_names_every_differing_key(tmp_path: Path) -> Non
 
 def test_the_documented_import_paths_keep_their_constants() -> None:
     """The names themselves: tests/test_api.py imports each from its documented path."""
-    import puzzletron.dataset.acquisition as acquisition
-    import puzzletron.dataset.subset as subset
+    import puzzletron.dataset.formats.subset as subset
+    import puzzletron.dataset.sources as acquisition
 
     for module in (subset, acquisition):
         assert all(hasattr(module, name) for name in module.__all__)

@@ -20,11 +20,12 @@ import torch
 from transformers import TrainingArguments
 
 from _tiny_models import conversations, document_logits, hf_loss, reference_loss, tiny_qwen2
-from puzzletron.dataset.attention import model_inputs
+from puzzletron.dataset.clients.attention import model_inputs
+from puzzletron.dataset.clients.hf_trainer import SAMPLER_STATE_FILE, BatchCollator, PuzzletronTrainer
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
+from puzzletron.dataset.distributed import batch_loader
 from puzzletron.dataset.errors import ConfigError
-from puzzletron.dataset.hf_trainer import SAMPLER_STATE_FILE, BatchCollator, PuzzletronTrainer, batch_loader
-from puzzletron.dataset.pipeline import TextBatches, build_batches
+from puzzletron.dataset.pipelines.text import TextBatches, build_batches
 from puzzletron.fixtures.tokenizer import build_chat_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -146,7 +147,7 @@ def test_batches_of_another_dp_rank_are_refused(source: dict[str, Any], tmp_path
 def test_the_loader_hands_one_batch_per_step_and_follows_set_epoch(source: dict[str, Any]) -> None:
     batches = _batches(source, seed=0)
     loader = batch_loader(
-        batches, collator=BatchCollator(backend="eager", mask="block_causal", dtype=torch.float64)
+        batches, collate_fn=BatchCollator(backend="eager", mask="block_causal", dtype=torch.float64)
     )
     loader.set_epoch(1)
     first = next(iter(loader))

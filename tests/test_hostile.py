@@ -32,10 +32,10 @@ from puzzletron.dataset import (
     materialize_nemotron_vlm_dataset,
     materialize_puzzle_kd_dataset,
 )
-from puzzletron.dataset._images import HUB_REFERENCE_REASON, encode_image
-from puzzletron.dataset.acquisition import _hub
+from puzzletron.dataset.conversation.images import HUB_REFERENCE_REASON, encode_image
 from puzzletron.dataset.errors import AcquisitionError, ConversationError, ImageError
-from puzzletron.dataset.subset import materialize_normalized_conversation_samples, verify_subset
+from puzzletron.dataset.formats.subset import materialize_normalized_conversation_samples, verify_subset
+from puzzletron.dataset.sources import hub as _hub
 from puzzletron.fixtures.faults import FaultProxy
 from puzzletron.fixtures.hostile import (
     BAIT_IMAGE,

@@ -13,8 +13,8 @@ import pytest
 from huggingface_hub import HfApi
 from huggingface_hub import errors as hf_errors
 
-from puzzletron.dataset.acquisition import _hub
 from puzzletron.dataset.errors import AcquisitionError
+from puzzletron.dataset.sources import hub as _hub
 from puzzletron.fixtures.hub import NEMOTRON_VLM, PUZZLE_KD, FixtureHub
 from puzzletron.fixtures.mirror import free_port
 

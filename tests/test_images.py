@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from _conversation_samples import jpeg_bytes, pil_image, png_bytes
-from puzzletron.dataset._images import encode_image, extension_for
+from puzzletron.dataset.conversation.images import encode_image, extension_for
 from puzzletron.dataset.errors import ConversationError, ImageError
 
 

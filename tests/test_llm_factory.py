@@ -15,10 +15,10 @@ import torch
 from nemo_automodel.components.datasets.utils import default_collater
 
 from _tiny_models import conversations
+from puzzletron.dataset.clients.automodel.llm_factory import make_puzzletron_chat_dataset
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
 from puzzletron.dataset.errors import ConfigError
-from puzzletron.dataset.llm_factory import make_puzzletron_chat_dataset
-from puzzletron.dataset.pipeline import build_batches
+from puzzletron.dataset.pipelines.text import build_batches
 from puzzletron.fixtures.tokenizer import build_chat_tokenizer
 
 

@@ -43,11 +43,11 @@ from puzzletron.dataset import (
     load_materialized_conversation_dataset,
     materialize_normalized_conversation_samples,
 )
-from puzzletron.dataset.attention import model_inputs
+from puzzletron.dataset.batch.cp import batch_cp_indices, inverse_cp_permutation
+from puzzletron.dataset.clients.attention import model_inputs
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
 from puzzletron.dataset.errors import BatchValidationError
-from puzzletron.dataset.parallel import batch_cp_indices, inverse_cp_permutation
-from puzzletron.dataset.pipeline import build_batches
+from puzzletron.dataset.pipelines.text import build_batches
 from puzzletron.fixtures.tokenizer import (
     build_chat_tokenizer,
     build_qwen2_5_vl_processor,

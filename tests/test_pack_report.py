@@ -12,8 +12,9 @@ import pytest
 from puzzletron.cli import main
 from puzzletron.cli._pack_report import draw_packing
 from puzzletron.dataset.config import PackingSpec
+from puzzletron.dataset.formats.text_snapshot import load_text_split
 from puzzletron.dataset.packing import plan_packing
-from puzzletron.dataset.text import load_text_split, tokenize_conversations
+from puzzletron.dataset.tokenize import tokenize_conversations
 from puzzletron.fixtures.hub import PUZZLE_KD, FixtureHub
 from puzzletron.fixtures.tokenizer import build_chat_tokenizer
 

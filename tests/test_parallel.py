@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from _batch_strategies import batches, revalidated
 from puzzletron.dataset import DataLayout, PackedSequenceMetadata, PuzzletronBatch
 from puzzletron.dataset.batch import FLAT_BACKEND_KWARGS
-from puzzletron.dataset.errors import BatchValidationError
-from puzzletron.dataset.parallel import (
+from puzzletron.dataset.batch.cp import (
     batch_cp_indices,
     gather_cp_partitions,
     inverse_cp_permutation,
     load_balanced_cp_indices,
 )
+from puzzletron.dataset.errors import BatchValidationError
 from test_batch_properties import _assert_token_kwargs_match_layout
 
 

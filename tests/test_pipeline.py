@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from _token_store_data import ROWS_PER_SHARD, SKIPPED_ROWS, TRAIN_ROWS
-from puzzletron.dataset import build_store
-from puzzletron.dataset.build_store import build_token_store
-from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
+from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.token_store import TokenStore
-from puzzletron.dataset.pipeline import TextBatches, build_batches
+from puzzletron.dataset.pipelines.text import TextBatches, build_batches
+from puzzletron.dataset.tokenize import store as build_store
+from puzzletron.dataset.tokenize.store import build_token_store
 
 pytest_plugins = ["_token_store_fixtures"]
 
@@ -32,7 +32,9 @@ SPECS = {
 @pytest.fixture(scope="module")
 def store(snapshot: Path, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("stores") / "store"
-    return build_token_store(snapshot, tokenizer=tokenizer_dir, output=out, rows_per_shard=ROWS_PER_SHARD)
+    return build_token_store(
+        snapshot, tokenizer=tokenizer_dir, output=out, options=TokenizeOptions(rows_per_shard=ROWS_PER_SHARD)
+    )
 
 
 def _fingerprints(batches: TextBatches) -> list[str]:

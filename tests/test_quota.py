@@ -8,7 +8,8 @@ from fractions import Fraction
 import pytest
 
 from _conversation_samples import multi_row, nemotron_row, single_row
-from puzzletron.dataset.acquisition import (
+from puzzletron.dataset.errors import ConfigError, PuzzletronDataError, SubsetError
+from puzzletron.dataset.sources import (
     RejectedRow,
     VlmAcquisitionSpec,
     largest_remainder_quotas,
@@ -16,7 +17,6 @@ from puzzletron.dataset.acquisition import (
     materialize_nemotron_vlm_dataset,
     redistribute_deficit,
 )
-from puzzletron.dataset.errors import ConfigError, PuzzletronDataError, SubsetError
 
 
 def test_golden_weights_10_30_total_7_give_2_5() -> None:

@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 
 from puzzletron.dataset.batch import PuzzletronBatch
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
-from puzzletron.dataset.packing import TokenizedSamples, plan_packing
-from puzzletron.dataset.sampler import (
+from puzzletron.dataset.distributed import (
     BatchKey,
     DistributedPackSampler,
     PackedBatches,
     deal_epoch,
     steps_per_epoch,
 )
+from puzzletron.dataset.packing import TokenizedSamples, plan_packing
 
 PACK = 64
 

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from puzzletron.dataset import parallel
-from puzzletron.dataset.batch import _segments
-from puzzletron.dataset.batch._segments import (
+from puzzletron.dataset.batch import cp as parallel
+from puzzletron.dataset.batch import segments as _segments
+from puzzletron.dataset.batch.segments import (
     canonical_packed_ids,
     counts_per_sample,
     cu_from_counts,
@@ -161,7 +161,7 @@ def test_docstring_examples_run(module: object) -> None:
 
 
 def test_row_document_lengths_count_following_padding_in_spans_and_skip_leading_padding() -> None:
-    from puzzletron.dataset.batch._segments import row_cu_from_seq_ids, row_document_lengths
+    from puzzletron.dataset.batch.segments import row_cu_from_seq_ids, row_document_lengths
 
     ids = torch.tensor([[-1, 4, 4, -1, 5, -1], [-1] * 6, [7, 7, 7, 7, 7, 7]])
     lengths, spans = row_document_lengths(ids, 2)

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from puzzletron.dataset.batch.cp import batch_cp_indices
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
+from puzzletron.dataset.distributed.sharding import check_sharding
 from puzzletron.dataset.errors import BatchValidationError
 from puzzletron.dataset.packing import TokenizedSamples, build_batch, plan_packing
-from puzzletron.dataset.parallel import batch_cp_indices
-from puzzletron.dataset.sharding import check_sharding
 
 PACK = 128
 HEX12 = r"\b[0-9a-f]{12}\b"

@@ -35,7 +35,7 @@ from puzzletron.dataset import (
     normalize_nemotron_vlm_sample,
 )
 from puzzletron.dataset.errors import ConversationError, SubsetError
-from puzzletron.dataset.subset import SubsetReader, read_manifest, verify_subset
+from puzzletron.dataset.formats.subset import SubsetReader, read_manifest, verify_subset
 
 FORK = multiprocessing.get_context("fork")
 SINGLE = ("finyorko/single_turn", "59acf6773cd2bf5b485f37296e862216aa99516b")
@@ -325,7 +325,7 @@ def test_bad_source_row_names_row_and_field_and_publishes_nothing(tmp_path, monk
 def test_an_encoded_image_is_stored_without_decoding_it_again(tmp_path, monkeypatch):
     from PIL import Image
 
-    from puzzletron.dataset._images import encode_image
+    from puzzletron.dataset.conversation.images import encode_image
 
     sample = single_samples(1)[0]
     encoded = encode_image(jpeg_bytes(0))  # what an acquisition that validated the image already has
@@ -722,7 +722,7 @@ def _concurrent_writer(dest: Path, barrier, results: Path) -> None:
 
     # The library's own log says which path each process took: "published" (the writer) or "reusing".
     handler = logging.FileHandler(results / f"log-{os.getpid()}.txt")
-    logger = logging.getLogger("puzzletron.dataset.formats.subset_writer")
+    logger = logging.getLogger("puzzletron.dataset.formats.subset.writer")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
 
@@ -770,7 +770,7 @@ def test_read_manifest_refuses_incomplete_subsets(tmp_path):
 
 
 def test_materialize_inside_a_callers_lock_of_the_same_destination(tmp_path):
-    from puzzletron.dataset._atomic import locked
+    from puzzletron.dataset.storage.atomic import locked
 
     dest = tmp_path / "subset"
     with locked(dest):

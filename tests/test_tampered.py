@@ -20,19 +20,19 @@ from puzzletron.dataset import (
     load_materialized_conversation_dataset,
     load_materialized_conversation_subset,
 )
-from puzzletron.dataset.acquisition import (
-    TextAcquisitionSpec,
-    VlmAcquisitionSpec,
-    materialize_puzzle_kd_dataset,
-)
 from puzzletron.dataset.errors import ConfigError, SubsetError
-from puzzletron.dataset.formats.text_snapshot import read_text_snapshot, verify_text_snapshot
-from puzzletron.dataset.subset import (
+from puzzletron.dataset.formats.subset import (
     MANIFEST,
     SubsetReader,
     materialize_normalized_conversation_samples,
     read_manifest,
     verify_subset,
+)
+from puzzletron.dataset.formats.text_snapshot import read_text_snapshot, verify_text_snapshot
+from puzzletron.dataset.sources import (
+    TextAcquisitionSpec,
+    VlmAcquisitionSpec,
+    materialize_puzzle_kd_dataset,
 )
 
 DEEP = "[" * 100_000 + "]" * 100_000  # past the parser's recursion limit

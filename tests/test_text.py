@@ -12,10 +12,10 @@ from transformers import AutoTokenizer
 from puzzletron.dataset.batch import DataLayout, PuzzletronBatch
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
 from puzzletron.dataset.errors import SubsetError
-from puzzletron.dataset.text import (
+from puzzletron.dataset.formats.text_snapshot import load_text_split
+from puzzletron.dataset.pipelines.text import build_batches
+from puzzletron.dataset.tokenize import (
     assistant_token_mask,
-    build_batches,
-    load_text_split,
     load_tokenizer,
     shift_labels,
     tokenize_conversation,

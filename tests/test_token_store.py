@@ -16,11 +16,12 @@ import torch
 
 from _token_store_data import ROWS_PER_SHARD, SKIPPED_ROWS, TRAIN_ROWS
 from puzzletron.dataset import formats
-from puzzletron.dataset.build_store import build_token_store
+from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.errors import ConfigError, SubsetError
+from puzzletron.dataset.formats.text_snapshot import load_text_split
 from puzzletron.dataset.formats.token_store import TokenStore
-from puzzletron.dataset.text import load_text_split
 from puzzletron.dataset.tokenize import labels_from_mask, tokenize_conversations
+from puzzletron.dataset.tokenize.store import build_token_store
 
 pytest_plugins = ["_token_store_fixtures"]  # `tokenizer_dir`, `snapshot`
 
@@ -28,7 +29,9 @@ pytest_plugins = ["_token_store_fixtures"]  # `tokenizer_dir`, `snapshot`
 @pytest.fixture(scope="module")
 def store_path(snapshot: Path, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("stores") / "train"
-    return build_token_store(snapshot, tokenizer=tokenizer_dir, output=out, rows_per_shard=ROWS_PER_SHARD)
+    return build_token_store(
+        snapshot, tokenizer=tokenizer_dir, output=out, options=TokenizeOptions(rows_per_shard=ROWS_PER_SHARD)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +179,7 @@ def test_verify_catches_an_inconsistent_index_behind_matching_hashes(
     (store_dir / "index" / "lengths.u32").write_bytes(lengths.tobytes())
     manifest = json.loads((store_dir / "manifest.json").read_text())
     record = next(r for r in manifest["files"] if r["path"] == "index/lengths.u32")
-    record["sha256"] = formats._manifest.sha256_file(store_dir / "index" / "lengths.u32")  # re-signed
+    record["sha256"] = formats.manifest.sha256_file(store_dir / "index" / "lengths.u32")  # re-signed
     (store_dir / "manifest.json").write_text(json.dumps(manifest))
     report = formats.verify(store_dir)
     assert report.problems and "disagree in samples" in report.problems[0]

@@ -14,8 +14,8 @@ from tokenizers import Regex, pre_tokenizers, processors
 from transformers import AutoTokenizer
 
 from _token_store_data import fixture_rows
-from puzzletron.dataset._chat_template import _batch_capable, assistant_token_mask, tokenize_batch
 from puzzletron.dataset.errors import ConversationError
+from puzzletron.dataset.tokenize._chat_template import _batch_capable, assistant_token_mask, tokenize_batch
 from puzzletron.fixtures.hub import FixtureHub
 
 # The generation block starts right after "assistant:" (BPE tokens straddle the span start).

@@ -64,14 +64,14 @@ def _show_progress(args: argparse.Namespace) -> bool:
 
 
 def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int:
-    from puzzletron.dataset._atomic import publications
-    from puzzletron.dataset.acquisition import PROGRESS_LOGGER, _hub
     from puzzletron.dataset.formats import MANIFEST
+    from puzzletron.dataset.sources import PROGRESS_LOGGER, hub
+    from puzzletron.dataset.storage import publications
 
     output = Path(args.output)
     published = publications(output)
     show = _show_progress(args)
-    _hub.set_progress_bars(show)
+    hub.set_progress_bars(show)
     logger = logging.getLogger(PROGRESS_LOGGER)
     handler = _ProgressHandler() if show else None
     old_level, old_propagate = logger.level, logger.propagate
@@ -104,7 +104,7 @@ def _spec(spec_cls: type, args: argparse.Namespace, **fields_: Any) -> Any:
 
 
 def _puzzle_kd(args: argparse.Namespace) -> int:
-    from puzzletron.dataset.acquisition import (
+    from puzzletron.dataset.sources import (
         PUZZLE_KD_ADAPTER,
         TextAcquisitionSpec,
         materialize_puzzle_kd_dataset,
@@ -128,7 +128,7 @@ def _subset_rows(values: list[str] | None) -> tuple[tuple[str, int], ...]:
 
 
 def _nemotron(args: argparse.Namespace) -> int:
-    from puzzletron.dataset.acquisition import (
+    from puzzletron.dataset.sources import (
         NEMOTRON_VLM_ADAPTER,
         VlmAcquisitionSpec,
         materialize_nemotron_vlm_dataset,
@@ -151,7 +151,7 @@ def _nemotron(args: argparse.Namespace) -> int:
 
 
 def _intersyn(args: argparse.Namespace) -> int:
-    from puzzletron.dataset.acquisition import INTERSYN_ADAPTER, materialize_intersyn_subset
+    from puzzletron.dataset.sources import INTERSYN_ADAPTER, materialize_intersyn_subset
 
     def call() -> Any:
         return materialize_intersyn_subset(
@@ -225,7 +225,7 @@ def _common(parser: argparse.ArgumentParser, spec_cls: type | None) -> dict[str,
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``materialize`` and ``hub`` to the `puzzletron-data` parser."""
-    from puzzletron.dataset.acquisition import (
+    from puzzletron.dataset.sources import (
         TextAcquisitionSpec,
         VlmAcquisitionSpec,
         materialize_intersyn_subset,

@@ -11,7 +11,7 @@ the Hub, the snapshot, the batches) and are counted in the report, and the exit 
 of an earlier run is reused (its Hub and snapshots) only when that run used the same ``--seed``; any other
 ``hub/`` there fails stage 2. Ctrl-C or SIGTERM stops the Hub server on the way out.
 
-The DP x CP x PP check is `puzzletron.dataset.sharding.check_sharding`.
+The DP x CP x PP check is `puzzletron.dataset.distributed.sharding.check_sharding`.
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def _fp(batch: Any) -> str:
 def _synthetic(demo: _Demo, st: _Stage) -> None:
     """The batch contract on synthetic samples: pack, shard over DP x CP x PP, reassemble."""
     from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
+    from puzzletron.dataset.distributed.sharding import check_sharding
     from puzzletron.dataset.packing import TokenizedSamples, build_batch, plan_packing
-    from puzzletron.dataset.sharding import check_sharding
 
     rng = np.random.default_rng(demo.seed)
     lengths = np.clip(np.rint(rng.lognormal(np.log(60), 0.8, size=64)), 2, 256).astype(np.int64)
@@ -163,7 +163,7 @@ def _check_reusable_hub(hub_dir: Path, seed: int) -> None:
 
 
 def _puzzle_kd(demo: _Demo, st: _Stage) -> None:
-    from puzzletron.dataset.acquisition import TextAcquisitionSpec, materialize_puzzle_kd_dataset
+    from puzzletron.dataset.sources import TextAcquisitionSpec, materialize_puzzle_kd_dataset
 
     text_dir = demo.workdir / "snapshots" / "puzzle-kd"
     spec = TextAcquisitionSpec(output_dir=text_dir, train_samples=512, validation_samples=64)
@@ -174,7 +174,7 @@ def _puzzle_kd(demo: _Demo, st: _Stage) -> None:
 
 
 def _nemotron_vlm(demo: _Demo, st: _Stage) -> None:
-    from puzzletron.dataset.acquisition import VlmAcquisitionSpec, materialize_nemotron_vlm_dataset
+    from puzzletron.dataset.sources import VlmAcquisitionSpec, materialize_nemotron_vlm_dataset
 
     vlm_dir = demo.workdir / "snapshots" / "nemotron-vlm"
     spec = VlmAcquisitionSpec(output_dir=vlm_dir, num_samples=24)
@@ -183,7 +183,7 @@ def _nemotron_vlm(demo: _Demo, st: _Stage) -> None:
 
 
 def _intersyn(demo: _Demo, st: _Stage) -> None:
-    from puzzletron.dataset.acquisition import materialize_intersyn_subset
+    from puzzletron.dataset.sources import materialize_intersyn_subset
     from puzzletron.fixtures.hub import INTERSYN_MULTI, INTERSYN_SINGLE, repo_path
 
     out = demo.workdir / "snapshots" / "intersyn"
@@ -201,7 +201,7 @@ def _intersyn(demo: _Demo, st: _Stage) -> None:
 def _tokenize_and_pack(demo: _Demo, st: _Stage) -> None:
     """`build_batches` on the Puzzle-KD train split: chat template, assistant labels, packing plan."""
     from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
-    from puzzletron.dataset.text import build_batches
+    from puzzletron.dataset.pipelines.text import build_batches
     from puzzletron.fixtures.tokenizer import build_chat_tokenizer
 
     tok_dir = build_chat_tokenizer(demo.workdir / "tokenizer")
@@ -249,7 +249,7 @@ def _deal(demo: _Demo, st: _Stage) -> None:
 
 
 def _shard(demo: _Demo, st: _Stage) -> None:
-    from puzzletron.dataset.sharding import check_sharding
+    from puzzletron.dataset.distributed.sharding import check_sharding
 
     st.lines.extend(check_sharding(demo.first_batches[0], dp=DP, cp=CP, pp=PP))
 
@@ -364,7 +364,7 @@ def _manifest_line(name: str, manifest: Any) -> str:
 
 
 def _verify(path: Path) -> str:
-    from puzzletron.dataset.subset import verify_subset
+    from puzzletron.dataset.formats.subset import verify_subset
 
     result = verify_subset(path)
     if result.problems:
@@ -375,12 +375,17 @@ def _verify(path: Path) -> str:
 
 
 def _verify_text_snapshot(path: Path, manifest: Any) -> str:
-    """Every split the manifest lists loads offline with its row count and a ``messages`` column."""
-    import datasets
+    """Every byte checks out, and every split the manifest lists loads offline with its row count and a
+    ``messages`` column."""
+    from puzzletron.dataset import formats
+    from puzzletron.dataset.formats.text_snapshot import open_split
 
+    result = formats.verify(path)
+    if result.problems:
+        raise AssertionError(f"verify {path.name}: {'; '.join(result.problems[:3])}")
     splits = dict(manifest["splits"])
     for split, expected in splits.items():
-        rows = datasets.load_from_disk(str(path / split))
+        rows = open_split(path, split).load()
         if len(rows) != expected or "messages" not in rows.column_names:
             raise AssertionError(f"{path.name}/{split}: {len(rows)} rows, columns {rows.column_names}")
     return f"verified {path.name}: splits {splits} load offline with a messages column"

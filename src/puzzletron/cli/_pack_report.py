@@ -97,7 +97,7 @@ def _pack_report(args: argparse.Namespace) -> int:
 
     from puzzletron.dataset.config import PackingSpec
     from puzzletron.dataset.packing import plan_packing
-    from puzzletron.dataset.text import load_text_split, tokenize_conversations
+    from puzzletron.dataset.pipelines.text import load_text_split, tokenize_conversations
 
     datasets.disable_progress_bars()
     spec = PackingSpec(pack_size=args.pack_size)  # a bad option fails before any work

@@ -29,7 +29,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    info = formats.describe(args.dir)  # no snapshot there: `SubsetError`, exit 1 in `puzzletron.cli.main`
+    info = formats.describe(args.dir)  # no snapshot there: `SnapshotError`, exit 1 in `puzzletron.cli.main`
     print(json.dumps(info, indent=2, sort_keys=True) if args.json else "\n".join(formats.render(info)))
     return 0
 

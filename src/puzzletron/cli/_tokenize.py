@@ -1,7 +1,7 @@
 """`puzzletron-data tokenize SNAPSHOT --tokenizer DIR --output STORE`: build (or reuse) a token store.
 
 Tokenises one split of a text snapshot with the tokenizer's chat template into a token store
-(``docs/token-store-format.md``, `puzzletron.dataset.build_store.build_token_store`), shows a progress bar
+(``docs/token-store-format.md``, `puzzletron.dataset.tokenize.store.build_token_store`), shows a progress bar
 on stderr (only when stderr is a terminal and ``--quiet`` is not given) and prints one JSON line on
 stdout::
 
@@ -14,6 +14,7 @@ at STORE), 2 usage (bad flags or values; `ConfigError`, which `puzzletron.cli.ma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -52,14 +53,17 @@ class _Bar:
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    from puzzletron.dataset.build_store import build_token_store
+    from puzzletron.dataset.config import TokenizeOptions
     from puzzletron.dataset.formats import MANIFEST
     from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT
+    from puzzletron.dataset.tokenize import build_token_store
 
     output = Path(args.output)
     existed = (output / MANIFEST).is_file()
     bar = _Bar() if not args.quiet and sys.stderr.isatty() else None
-    shards = {} if args.rows_per_shard is None else {"rows_per_shard": args.rows_per_shard}
+    options = TokenizeOptions(messages_field=args.messages_field, id_field=args.id_field or None)
+    if args.rows_per_shard is not None:
+        options = dataclasses.replace(options, rows_per_shard=args.rows_per_shard)
     try:  # a library error or OSError goes to `puzzletron.cli.main`: ConfigError exits 2, others 1
         build_token_store(
             Path(args.snapshot),
@@ -67,10 +71,8 @@ def _tokenize(args: argparse.Namespace) -> int:
             output=output,
             split=args.split,
             num_proc=args.num_proc,
-            messages_field=args.messages_field,
-            id_field=args.id_field or None,
+            options=options,
             progress=bar,
-            **shards,
         )
     finally:
         if bar is not None:

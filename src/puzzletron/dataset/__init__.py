@@ -3,6 +3,9 @@
 The public API is exactly the seed list of names (pinned by ``tests/golden/seed-api.txt``); every name is
 re-exported from the module that owns the concept. Imports are lazy (PEP 562): reading a subset offline
 does not pay for torch, `datasets` or `huggingface_hub` until a name that needs them is touched.
+
+The packages and which may import which: ``docs/architecture.md``. Import paths of earlier releases
+(``puzzletron.dataset.text``, ``.sampler``, ``.acquisition`` ...) still work: `_aliases`.
 """
 
 from __future__ import annotations
@@ -10,28 +13,30 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from puzzletron.dataset import _aliases
+
 if TYPE_CHECKING:
-    from puzzletron.dataset.acquisition import (
-        TextAcquisitionSpec,
-        VlmAcquisitionSpec,
-        materialize_intersyn_subset,
-        materialize_nemotron_vlm_dataset,
-        materialize_puzzle_kd_dataset,
-    )
-    from puzzletron.dataset.automodel import batch_from_automodel
     from puzzletron.dataset.batch import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch
+    from puzzletron.dataset.clients.automodel.adapter import batch_from_automodel
+    from puzzletron.dataset.clients.automodel.vlm_factory import load_materialized_conversation_dataset
     from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
     from puzzletron.dataset.conversation import (
         normalize_intersyn_multi,
         normalize_intersyn_single,
         normalize_nemotron_vlm_sample,
     )
-    from puzzletron.dataset.factory import load_materialized_conversation_dataset
-    from puzzletron.dataset.subset import (
+    from puzzletron.dataset.formats.subset import (
         load_materialized_conversation_subset,
         load_materialized_intersyn_subset,
         materialize_normalized_conversation_samples,
         materialize_normalized_intersyn_samples,
+    )
+    from puzzletron.dataset.sources import (
+        TextAcquisitionSpec,
+        VlmAcquisitionSpec,
+        materialize_intersyn_subset,
+        materialize_nemotron_vlm_dataset,
+        materialize_puzzle_kd_dataset,
     )
 
 # public name -> owning module
@@ -42,20 +47,20 @@ _OWNERS: dict[str, str] = {
     "PuzzletronBatch": "batch",
     "PackingSpec": "config",
     "PuzzletronDataSpec": "config",
-    "TextAcquisitionSpec": "acquisition",
-    "VlmAcquisitionSpec": "acquisition",
-    "materialize_intersyn_subset": "acquisition",
-    "materialize_nemotron_vlm_dataset": "acquisition",
-    "materialize_puzzle_kd_dataset": "acquisition",
-    "batch_from_automodel": "automodel",
+    "TextAcquisitionSpec": "sources",
+    "VlmAcquisitionSpec": "sources",
+    "materialize_intersyn_subset": "sources",
+    "materialize_nemotron_vlm_dataset": "sources",
+    "materialize_puzzle_kd_dataset": "sources",
+    "batch_from_automodel": "clients.automodel.adapter",
     "normalize_intersyn_multi": "conversation",
     "normalize_intersyn_single": "conversation",
     "normalize_nemotron_vlm_sample": "conversation",
-    "load_materialized_conversation_dataset": "factory",
-    "load_materialized_conversation_subset": "subset",
-    "load_materialized_intersyn_subset": "subset",
-    "materialize_normalized_conversation_samples": "subset",
-    "materialize_normalized_intersyn_samples": "subset",
+    "load_materialized_conversation_dataset": "clients.automodel.vlm_factory",
+    "load_materialized_conversation_subset": "formats.subset",
+    "load_materialized_intersyn_subset": "formats.subset",
+    "materialize_normalized_conversation_samples": "formats.subset",
+    "materialize_normalized_intersyn_samples": "formats.subset",
 }
 
 __all__ = [
@@ -93,3 +98,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+_aliases.install()

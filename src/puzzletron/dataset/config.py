@@ -1,4 +1,5 @@
-"""`PackingSpec` and `PuzzletronDataSpec`: the canonical ``data:`` block of a Puzzletron (Hydra) config.
+"""`PackingSpec` and `PuzzletronDataSpec`: the canonical ``data:`` block of a Puzzletron (Hydra) config;
+`TokenizeOptions`: what tokenising a text split depends on besides the tokenizer.
 
 ::
 
@@ -34,12 +35,13 @@ from puzzletron.dataset._checks import (
 from puzzletron.dataset._enums import DataLayout, Modality
 from puzzletron.dataset.errors import ConfigError
 
-__all__ = ["LONG_SAMPLE_POLICIES", "PackingSpec", "PuzzletronDataSpec"]
+__all__ = ["LONG_SAMPLE_POLICIES", "PackingSpec", "PuzzletronDataSpec", "TokenizeOptions"]
 
 _PACKING_KEYS = ("pack_size", "packing_ratio", "drop_long_samples", "long_samples")
 # What happens to a sample longer than pack_size (docs: puzzletron.dataset.packing._units).
 LONG_SAMPLE_POLICIES = ("drop", "raise", "truncate", "split")
 _SPEC_KEYS = ("modality", "layout", "max_sample_length", "packing")
+_TOKENIZE_KEYS = ("messages_field", "id_field", "rows_per_shard")
 _MAX_TOKENS = 2**31 - 1  # token counts and offsets are int32 at the model boundary (cu_seqlens)
 
 
@@ -194,3 +196,50 @@ class PuzzletronDataSpec:
         extras = {str(k): v for k, v in raw.items() if k not in _SPEC_KEYS}
         object.__setattr__(spec, "extras", types.MappingProxyType(extras))
         return spec
+
+
+@dataclass(frozen=True)
+class TokenizeOptions:
+    """How rows of a text split become samples; exactly the ``options`` part of a token store's identity.
+
+    ``messages_field``: the column holding ``[{role, content}]`` turns; ``id_field``: the column naming a
+    sample (None, or a column the rows lack: the row index); ``rows_per_shard``: rows of the split per
+    store shard (fixed row ranges, so a store's bytes do not depend on the number of processes or ranks).
+    How a build runs (processes, batch size) is not an option: it never changes the tokens.
+
+    >>> TokenizeOptions().identity()
+    {'messages_field': 'messages', 'id_field': 'uuid', 'rows_per_shard': 65536}
+    >>> TokenizeOptions.from_mapping({"messages_field": "conversation"}).messages_field
+    'conversation'
+    """
+
+    messages_field: str = "messages"
+    id_field: str | None = "uuid"
+    rows_per_shard: int = 65_536
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.messages_field, str) or not self.messages_field:
+            raise ConfigError(f"messages_field must be a non-empty column name, got {self.messages_field!r}")
+        if self.id_field is not None and not isinstance(self.id_field, str):
+            raise ConfigError(f"id_field must be a column name or None, got {self.id_field!r}")
+        object.__setattr__(self, "id_field", self.id_field or None)
+        require_positive(self.rows_per_shard, "rows_per_shard", error=ConfigError)
+
+    def identity(self) -> dict[str, Any]:
+        """The JSON-ready ``options`` of a store identity (every field)."""
+        return {name: getattr(self, name) for name in _TOKENIZE_KEYS}
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | TokenizeOptions | None) -> TokenizeOptions:
+        """Options from a mapping (a Hydra block), unknown keys rejected with a suggestion; an instance or
+        None (the defaults) as it is."""
+        if raw is None or isinstance(raw, TokenizeOptions):
+            return raw or cls()
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"tokenize options must be a mapping; got {type(raw).__name__}")
+        raw = plain_mapping(raw, "options", error=ConfigError)
+        unknown = [str(k) for k in raw if k not in _TOKENIZE_KEYS]
+        if unknown:
+            hints = "; ".join(f"{k}{did_you_mean(k, _TOKENIZE_KEYS)}" for k in sorted(unknown))
+            raise ConfigError(f"unknown tokenize option(s): {hints}; expected {', '.join(_TOKENIZE_KEYS)}")
+        return cls(**raw)

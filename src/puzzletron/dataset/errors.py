@@ -1,7 +1,7 @@
 """Every error `puzzletron.dataset` raises, in one small hierarchy.
 
 Each is a `PuzzletronDataError` and also the builtin a caller would naturally catch: `ValueError` for bad
-input (batches, configs, rows, subsets, packing), `RuntimeError` for a Hub or mirror that fails to serve.
+input (batches, configs, rows, snapshots, packing), `RuntimeError` for a Hub or mirror that fails to serve.
 A command line catches `PuzzletronDataError` (plus `OSError`) and nothing broader.
 """
 
@@ -15,6 +15,7 @@ __all__ = [
     "ImageError",
     "PackingError",
     "PuzzletronDataError",
+    "SnapshotError",
     "SubsetError",
 ]
 
@@ -39,9 +40,12 @@ class ImageError(ConversationError):
     """An image value cannot be decoded, is too large, or is a reference we may not fetch (URLs)."""
 
 
-class SubsetError(PuzzletronDataError, ValueError):
-    """An on-disk snapshot (subset, text snapshot, token store) is missing, incomplete, tampered with, of
-    an unknown format or version, or does not match the request."""
+class SnapshotError(PuzzletronDataError, ValueError):
+    """Something on disk (a conversation subset, a text snapshot, a token store) is missing, incomplete,
+    tampered with, of an unknown format or version, or does not match the request."""
+
+
+SubsetError = SnapshotError  # the name before every on-disk format shared one error
 
 
 class PackingError(PuzzletronDataError, ValueError):

@@ -10,8 +10,8 @@ Validation runs once, in ``__init__`` (`_validation`: one host sync whatever the
 derived by ``to``, ``cp_partition``, ``dp_slice``, ``pp_microbatches`` and ``pad_batch_to_multiple`` are
 built from already valid parts by `_splits` without validating again. ``fingerprint`` (SHA-256 of the
 content) is computed on first access only and cached. Backend kwargs over the flattened batch (HF flash
-``cu_seq_lens_q/k``, ``max_length_q/k``) are dropped by every split: `puzzletron.dataset.attention` derives
-them from ``seq_ids``.
+``cu_seq_lens_q/k``, ``max_length_q/k``) are dropped by every split:
+`puzzletron.dataset.clients.attention` derives them from ``seq_ids``.
 
 Equality and hashing are by content: ``a == b`` iff their fingerprints are equal, ``hash(a)`` hashes the
 fingerprint. Both therefore hash every tensor on first use (a device-to-host copy on an accelerator). They
@@ -175,7 +175,7 @@ class PuzzletronBatch:
         ``packed_token_indices`` and THD ``seq_lens*`` are rebuilt per row for the local layout, an int
         ``max_seqlen`` kwarg becomes the local max, and flash ``cu_seq_lens_q/k`` / ``max_length_q/k`` are
         dropped (rebuild them with ``attention.forward_kwargs``). Global cu and offsets stay; media stay
-        whole (every rank runs the vision tower). ``puzzletron.dataset.parallel`` builds balanced indices
+        whole (every rank runs the vision tower). ``puzzletron.dataset.batch.cp`` builds balanced indices
         and the inverse.
         """
         cp_rank = require_rank(

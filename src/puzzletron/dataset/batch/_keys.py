@@ -69,7 +69,7 @@ PER_ROW_KWARGS = (
     "num_patches",
 )
 # HF flash-varlen kwargs over the flattened B*T tokens: dropped by every split (their offsets cover the whole
-# batch); rebuild them with `puzzletron.dataset.attention.forward_kwargs(batch, backend="flash")`.
+# batch); rebuild them with `puzzletron.dataset.clients.attention.forward_kwargs(batch, backend="flash")`.
 FLAT_BACKEND_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 PER_IMAGE_KWARGS = ("image_grid_thw", "image_position_ids", "image_sizes")
 # Video media: `pixel_values_videos` holds one entry per video or the flat patches of every video (aligned

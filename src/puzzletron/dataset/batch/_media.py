@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from puzzletron.dataset.batch import _segments
+from puzzletron.dataset.batch import segments as _segments
 from puzzletron.dataset.batch._keys import PER_IMAGE_KWARGS, PER_VIDEO_KWARGS, VIDEO_KWARGS
 from puzzletron.dataset.batch._tables import media_len
 from puzzletron.dataset.batch._validation import video_counts

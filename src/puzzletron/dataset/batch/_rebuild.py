@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from puzzletron.dataset._checks import is_int
-from puzzletron.dataset.batch import _segments
+from puzzletron.dataset.batch import segments as _segments
 from puzzletron.dataset.batch._keys import ROW_KWARGS, THD_SENTINEL
 from puzzletron.dataset.batch._tables import is_per_row_cu
 from puzzletron.dataset.batch._view import BatchView

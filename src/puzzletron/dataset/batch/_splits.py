@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from puzzletron.dataset.batch import _segments
+from puzzletron.dataset.batch import segments as _segments
 from puzzletron.dataset.batch._keys import MASK_FIELDS, PER_IMAGE_KWARGS, VIDEO_KWARGS, TensorPath
 from puzzletron.dataset.batch._media import media_slices
 from puzzletron.dataset.batch._metadata import TENSOR_FIELDS

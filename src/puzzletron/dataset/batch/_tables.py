@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from puzzletron.dataset.batch import _segments
+from puzzletron.dataset.batch import segments as _segments
 from puzzletron.dataset.batch._keys import (
     FIELD_FILL,
     FLAT_BACKEND_KWARGS,

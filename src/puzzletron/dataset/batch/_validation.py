@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from puzzletron.dataset._checks import is_int
-from puzzletron.dataset.batch import _segments
+from puzzletron.dataset.batch import segments as _segments
 from puzzletron.dataset.batch._keys import IGNORE_INDEX, MASK_FIELDS, SEQUENCE_KWARGS, VIDEO_COUNT_KWARGS
 from puzzletron.dataset.batch._metadata import TENSOR_FIELDS
-from puzzletron.dataset.batch._segments import is_integer_dtype
 from puzzletron.dataset.batch._view import BatchView
+from puzzletron.dataset.batch.segments import is_integer_dtype
 from puzzletron.dataset.errors import BatchValidationError
 
 __all__ = ["check_token_indices", "validate", "video_counts"]

@@ -1,13 +1,15 @@
 """Every on-disk format of the data stage, and `verify` / `describe` dispatching on the manifest.
 
-Each snapshot is a directory whose ``manifest.json`` names its format (``"format"``) and version:
+One sub-package per format (``subset/``, ``text_snapshot/``, ``token_store/``) and ``manifest`` (what
+they share: hashing, manifest reading, file checks). Each snapshot is a directory whose ``manifest.json``
+names its format (``"format"``) and version:
 
 ================================== ============================== =====================================
 ``format``                         written by                     documented in
 ================================== ============================== =====================================
-``puzzletron-conversation-subset`` `subset_writer`                ``docs/subset-format.md``
-``puzzletron-text-snapshot``       `text_snapshot`                ``docs/text-snapshot-format.md``
-``puzzletron-token-store``         `token_store_writer`           ``docs/token-store-format.md``
+``puzzletron-conversation-subset`` `subset.writer`                ``docs/subset-format.md``
+``puzzletron-text-snapshot``       `text_snapshot.snapshot`       ``docs/text-snapshot-format.md``
+``puzzletron-token-store``         `token_store.writer`           ``docs/token-store-format.md``
 ================================== ============================== =====================================
 
 Detection (`detect`): the manifest's ``format`` when it has one (an unknown name is an error). Manifests
@@ -32,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from puzzletron.dataset.errors import SubsetError
-from puzzletron.dataset.formats._manifest import MANIFEST, VerifyReport, load_json
-from puzzletron.dataset.formats._subset_layout import SUBSET_FORMAT, is_original_layout
-from puzzletron.dataset.formats._token_store_layout import TOKEN_STORE_FORMAT
-from puzzletron.dataset.formats.subset_verify import (
+from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.formats.manifest import MANIFEST, VerifyReport, load_json
+from puzzletron.dataset.formats.subset import (
+    SUBSET_FORMAT,
     describe_subset,
+    is_original_layout,
     render_subset,
     verify_subset,
 )
@@ -48,7 +50,8 @@ from puzzletron.dataset.formats.text_snapshot import (
     render_text_snapshot,
     verify_text_snapshot,
 )
-from puzzletron.dataset.formats.token_store_verify import (
+from puzzletron.dataset.formats.token_store import (
+    TOKEN_STORE_FORMAT,
     describe_token_store,
     render_token_store,
     verify_token_store,
@@ -105,19 +108,19 @@ FORMATS: dict[str, Format] = {
 
 
 def format_of(manifest: Any, where: str = MANIFEST) -> str:
-    """The format name of a parsed manifest (the documented detection above); `SubsetError` if none."""
+    """The format name of a parsed manifest (the documented detection above); `SnapshotError` if none."""
     if not isinstance(manifest, Mapping):
-        raise SubsetError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
+        raise SnapshotError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
     name = manifest.get("format")
     if name is None:
         for candidate, entry in FORMATS.items():
             if entry.unnamed is not None and entry.unnamed(manifest):
                 return candidate
-        raise SubsetError(
+        raise SnapshotError(
             f"{where}: no 'format', and not a manifest of a known format ({', '.join(FORMATS)})"
         )
     if not isinstance(name, str) or name not in FORMATS:
-        raise SubsetError(f"{where}: unknown format {name!r}; this code reads {', '.join(FORMATS)}")
+        raise SnapshotError(f"{where}: unknown format {name!r}; this code reads {', '.join(FORMATS)}")
     return name
 
 
@@ -133,13 +136,13 @@ def verify(path: str | Path) -> VerifyReport:
     root = Path(path).absolute()
     try:
         name = detect(root)
-    except SubsetError as exc:
+    except SnapshotError as exc:
         return VerifyReport(str(root), 0, 0, (str(exc),))
     return FORMATS[name].verify(root)
 
 
 def describe(path: str | Path) -> dict[str, Any]:
-    """The summary of the snapshot at `path` its format gives (``format`` names it); `SubsetError` when the
+    """The summary of the snapshot at `path` its format gives (``format`` names it); `SnapshotError` when the
     directory holds no snapshot of a known format."""
     root = Path(path).absolute()
     return FORMATS[detect(root)].describe(root)

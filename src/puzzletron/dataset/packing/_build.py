@@ -1,7 +1,7 @@
 """Rows of tokenised samples -> a text `PuzzletronBatch` in one of the three layouts.
 
-`build_batch` reads its samples through the `SampleSource` protocol: `TokenizedSamples` holds every sample
-flat in memory (ids, shifted labels, offsets); a token store reads only the samples a batch holds. Tokens
+`build_batch` reads its samples through the `SampleSource` protocol (`puzzletron.dataset.packing.sources`:
+in memory, or read from a token store one batch at a time). Tokens
 of every row are gathered with one ragged gather and scattered into ``[B, T]`` tensors, so building a batch
 costs O(tokens of the batch), with no per-token or per-sample Python loop.
 """
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,128 +23,13 @@ from puzzletron.dataset.batch import (
     PuzzletronBatch,
     token_targets,
 )
-from puzzletron.dataset.batch._segments import canonical_packed_ids
+from puzzletron.dataset.batch.segments import canonical_packed_ids
 from puzzletron.dataset.config import PuzzletronDataSpec
 from puzzletron.dataset.errors import PackingError
 from puzzletron.dataset.packing._units import Units
+from puzzletron.dataset.packing.sources import SampleSource, ragged
 
-__all__ = ["SampleSource", "TokenizedSamples", "build_batch", "ragged"]
-
-
-class SampleSource(Protocol):
-    """Tokenised samples as `build_batch` reads them."""
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """``[n]`` tokens per sample."""
-        ...
-
-    def __len__(self) -> int: ...
-
-    def names(self, indices: np.ndarray) -> list[str]:
-        """The sample ids of ``indices``."""
-        ...
-
-    def gather(
-        self, indices: np.ndarray, starts: np.ndarray, takes: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``(input_ids, labels)`` int64 of tokens ``[starts[k], starts[k] + takes[k])`` of sample
-        ``indices[k]``, concatenated. Labels are shifted and true: a span that stops inside its sample keeps
-        the label of its last token (the next token's id where supervised)."""
-        ...
-
-
-@dataclass(frozen=True, eq=False)
-class TokenizedSamples:
-    """Tokenised samples, flat: sample ``i`` is ``input_ids[offsets[i]:offsets[i + 1]]``.
-
-    ``labels`` are already shifted (``labels[t]`` is the target of ``input_ids[t]``, i.e. the next token
-    where supervised) and ``-100`` elsewhere; the last token of every sample is ``-100`` (no target crosses
-    a document boundary). Arrays are read-only ``int64``: ``input_ids``/``labels`` ``[total_tokens]``,
-    ``offsets`` ``[n + 1]``.
-    """
-
-    input_ids: np.ndarray = field(repr=False)
-    labels: np.ndarray = field(repr=False)
-    offsets: np.ndarray = field(repr=False)
-    sample_ids: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        ids, labels, offsets = (
-            np.asarray(a, dtype=np.int64) for a in (self.input_ids, self.labels, self.offsets)
-        )
-        n = offsets.shape[0] - 1
-        if ids.ndim != 1 or labels.shape != ids.shape:
-            raise PackingError(
-                f"input_ids and labels must be 1-D and equal, got {ids.shape} and {labels.shape}"
-            )
-        if n < 0 or offsets[0] != 0 or offsets[-1] != ids.shape[0] or np.any(np.diff(offsets) <= 0):
-            raise PackingError("offsets must start at 0, increase strictly and end at the token count")
-        if len(self.sample_ids) != n:
-            raise PackingError(f"sample_ids has {len(self.sample_ids)} entries for {n} samples")
-        open_ends = np.flatnonzero(labels[offsets[1:] - 1] != IGNORE_INDEX)
-        if open_ends.size:
-            i = int(open_ends[0])
-            raise PackingError(
-                f"labels of sample {i} ({self.sample_ids[i]!r}) end with a target; the last token of a "
-                "sample must be -100 (labels are shifted: nothing follows it)"
-            )
-        for name, arr in (("input_ids", ids), ("labels", labels), ("offsets", offsets)):
-            arr = arr.copy() if arr is getattr(self, name) else arr
-            arr.setflags(write=False)
-            object.__setattr__(self, name, arr)
-        object.__setattr__(self, "sample_ids", tuple(str(s) for s in self.sample_ids))
-
-    @classmethod
-    def from_lists(
-        cls,
-        input_ids: Sequence[Sequence[int]],
-        labels: Sequence[Sequence[int]],
-        *,
-        sample_ids: Sequence[str] | None = None,
-    ) -> TokenizedSamples:
-        """Build from per-sample token lists (``labels`` already shifted, same lengths)."""
-        if len(labels) != len(input_ids):
-            raise PackingError(f"{len(labels)} label lists for {len(input_ids)} samples")
-        lengths = np.fromiter((len(x) for x in input_ids), dtype=np.int64, count=len(input_ids))
-        bad = np.flatnonzero(
-            lengths != np.fromiter((len(x) for x in labels), dtype=np.int64, count=len(labels))
-        )
-        if bad.size:
-            raise PackingError(f"sample {int(bad[0])}: labels and input_ids differ in length")
-        flat = np.fromiter((t for x in input_ids for t in x), dtype=np.int64, count=int(lengths.sum()))
-        flat_labels = np.fromiter((t for x in labels for t in x), dtype=np.int64, count=int(lengths.sum()))
-        ids = tuple(sample_ids) if sample_ids is not None else tuple(str(i) for i in range(len(input_ids)))
-        return cls(flat, flat_labels, np.concatenate([[0], np.cumsum(lengths)]), ids)
-
-    def __len__(self) -> int:
-        return int(self.offsets.shape[0] - 1)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """``[n]`` tokens per sample."""
-        return np.diff(self.offsets)
-
-    def names(self, indices: np.ndarray) -> list[str]:
-        return [self.sample_ids[i] for i in indices.tolist()]
-
-    def gather(
-        self, indices: np.ndarray, starts: np.ndarray, takes: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        slot, position = ragged(takes)
-        src = (self.offsets[indices] + starts)[slot] + position
-        return self.input_ids[src], self.labels[src]
-
-
-def ragged(takes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For spans of ``takes`` ``[k]`` tokens laid end to end: each token's span and its position in it.
-
-    >>> [a.tolist() for a in ragged(np.array([2, 3]))]
-    [[0, 0, 1, 1, 1], [0, 1, 0, 1, 2]]
-    """
-    slot = np.repeat(np.arange(takes.shape[0], dtype=np.int64), takes)
-    before = np.cumsum(takes) - takes  # [k] first output token of each span
-    return slot, np.arange(slot.shape[0], dtype=np.int64) - before[slot]
+__all__ = ["build_batch"]
 
 
 def _check_rows(rows: Sequence[Sequence[int]], n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,245 @@
+"""What every on-disk format shares: the manifest file, hashing, manifest reading, file records, the
+path-inside-root check, the reuse comparison and the report `verify` returns.
+
+A snapshot is a directory with a JSON ``manifest.json`` that lists its files with their sizes and SHA-256s.
+Reuse checks sizes (cheap); verify reads every byte. The formats: ``docs/subset-format.md`` and
+``docs/text-snapshot-format.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from puzzletron.dataset.errors import SnapshotError
+
+__all__ = [
+    "MANIFEST",
+    "VerifyReport",
+    "acquisition_mismatch",
+    "bytes_on_disk",
+    "check_file",
+    "differing_keys",
+    "human_size",
+    "inside",
+    "load_json",
+    "parse_json",
+    "require_same_acquisition",
+    "sha256_file",
+    "verify_file",
+]
+
+MANIFEST = "manifest.json"
+MAX_JSON_DEPTH = 64  # deeper than anything we write or read from a source (a Nemotron row is ~6 levels)
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What a verifier found: `ok` only when every count, size and SHA-256 matches the manifest.
+
+    `format` names the format verified (``""`` when no manifest said); for a text snapshot
+    `sample_count` counts rows and `image_count` is 0.
+    """
+
+    path: str
+    sample_count: int
+    image_count: int
+    problems: tuple[str, ...]
+    format: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def sha256_file(path: Path) -> str:
+    """The hex SHA-256 of the file at `path`, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists/objects more than `limit` levels (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def parse_json(data: bytes | str, what: str, *, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
+    """The JSON value of `data` (UTF-8 when bytes); `ValueError` saying what is wrong with it: not UTF-8, not
+    JSON, or nested more than `max_depth` levels (the parser would otherwise hit `RecursionError`; with
+    ``max_depth=None`` only that is refused: for a caller that walks no nested value).
+
+    >>> parse_json(b'{"a": [1]}', "x")
+    {'a': [1]}
+    >>> parse_json("[" * 100 + "]" * 100, "line 3")
+    Traceback (most recent call last):
+    ValueError: line 3 nests JSON more than 64 levels deep
+    """
+    if isinstance(data, bytes | bytearray):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{what} is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        value, deep = None, True
+    except ValueError as exc:
+        raise ValueError(f"{what} is not JSON: {exc}") from None
+    else:
+        deep = max_depth is not None and _too_deep(value, max_depth)
+    if deep:
+        limit = MAX_JSON_DEPTH if max_depth is None else max_depth  # a RecursionError is far past either
+        raise ValueError(f"{what} nests JSON more than {limit} levels deep")
+    return value
+
+
+def load_json(path: Path, what: str, *, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
+    """The JSON value in the file `path`; `SnapshotError` saying `what` is missing or unreadable (not
+    UTF-8, not JSON, nested too deep: `parse_json`)."""
+    try:
+        with open(path, "rb") as fh:
+            return parse_json(fh.read(), what, max_depth=max_depth)
+    except FileNotFoundError as exc:
+        raise SnapshotError(f"{path}: {what} is missing") from exc
+    except OSError as exc:
+        raise SnapshotError(f"{path}: {what} is unreadable: {exc}") from exc
+    except ValueError as exc:
+        raise SnapshotError(f"{path}: {exc}") from exc
+
+
+def inside(root: Path, rel: Any, what: str, *, noun: str = "image path", within: str = "the subset") -> Path:
+    """Resolve the relative POSIX path `rel` under `root`; reject absolute paths, ``..`` and symlinks that
+    leave `root` (`SnapshotError` starting with `what`).
+
+    >>> inside(Path("/data/s"), "images/0.png", "s").as_posix()
+    '/data/s/images/0.png'
+    >>> inside(Path("/data/s"), "/x.png", "s")
+    Traceback (most recent call last):
+    puzzletron.dataset.errors.SnapshotError: s: image path '/x.png' is absolute; expected a path inside ...
+    """
+    if not isinstance(rel, str) or not rel:
+        raise SnapshotError(f"{what}: {noun} {rel!r} must be a non-empty relative path string")
+    if "\x00" in rel:
+        raise SnapshotError(f"{what}: {noun} {rel!r} contains a NUL byte")
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or rel.startswith("\\") or (len(rel) > 1 and rel[1] == ":"):
+        raise SnapshotError(f"{what}: {noun} {rel!r} is absolute; expected a path inside {root}")
+    if ".." in pure.parts:
+        raise SnapshotError(f"{what}: {noun} {rel!r} contains '..'; expected a path inside {root}")
+    path = root / pure
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise SnapshotError(f"{what}: {noun} {rel!r} resolves to {real}, outside {within} {root}")
+    return path
+
+
+def _named(root: Path, what: str, rel: Any) -> str:
+    return f"{root}: {what} {rel!r}" if what else f"{root}: {rel}"
+
+
+def check_file(root: Path, record: Any, what: str = "", *, within: str = "the subset") -> Path:
+    """The local path of one manifest file record ``{path, bytes?, sha256?}``, checked to stay inside
+    `root`, to exist and to have the recorded size (cheap: what reuse checks); `SnapshotError` otherwise.
+    `what` says what the file is (``"sample file"``); empty names the file by its path alone."""
+    if not isinstance(record, Mapping):
+        raise SnapshotError(
+            f"{root}: manifest entry for {what or 'a file'} is {record!r}; expected a mapping with a path"
+        )
+    rel = record.get("path")
+    path = inside(root, rel, f"{root}: {what or 'file'}", noun="path", within=within)
+    if not path.is_file():
+        raise SnapshotError(f"{_named(root, what, rel)} is missing")
+    size, recorded = path.stat().st_size, record.get("bytes")
+    if recorded is not None and size != recorded:
+        raise SnapshotError(
+            f"{_named(root, what, rel)} has {size} bytes, the manifest records {recorded} "
+            "(truncated or replaced)"
+        )
+    return path
+
+
+def verify_file(
+    root: Path, record: Any, problems: list[str], what: str = "", *, within: str = "the subset"
+) -> None:
+    """`check_file`, then the SHA-256 when the record has one; each problem is appended to `problems`."""
+    try:
+        path = check_file(root, record, what, within=within)
+    except SnapshotError as exc:
+        problems.append(str(exc))
+        return
+    if record.get("sha256") is not None and sha256_file(path) != record["sha256"]:
+        problems.append(f"{_named(root, what, record['path'])}: SHA-256 differs from the manifest")
+
+
+def differing_keys(recorded: Any, wanted: Any, *, ignore: Collection[str] = ()) -> list[str]:
+    """The sorted keys (but `ignore`) whose values differ between two acquisition mappings.
+
+    >>> differing_keys({"seed": 1, "revision": "a"}, {"seed": 2, "revision": "b"}, ignore=("revision",))
+    ['seed']
+    """
+    recorded = recorded if isinstance(recorded, Mapping) else {}
+    wanted = wanted if isinstance(wanted, Mapping) else {}
+    keys = set(recorded) | set(wanted)
+    return sorted(k for k in keys if k not in ignore and recorded.get(k) != wanted.get(k))
+
+
+def _get(value: Any, key: str) -> Any:
+    return value.get(key) if isinstance(value, Mapping) else None
+
+
+def acquisition_mismatch(where: Path, recorded: Any, wanted: Any, keys: Collection[str]) -> SnapshotError:
+    """The error for a snapshot at `where` recorded with another acquisition than the one requested."""
+    if keys:
+        detail = ", ".join(
+            f"{k}: existing {_get(recorded, k)!r} vs requested {_get(wanted, k)!r}" for k in keys
+        )
+    else:
+        detail = f"existing {recorded!r} vs requested {wanted!r}"
+    return SnapshotError(
+        f"{where}: the existing snapshot does not match requested acquisition ({detail}); "
+        "choose another output directory or delete this one"
+    )
+
+
+def require_same_acquisition(where: Path, recorded: Any, wanted: Any) -> None:
+    """Raise `acquisition_mismatch` unless the recorded acquisition equals the requested one."""
+    if recorded != wanted:
+        raise acquisition_mismatch(where, recorded, wanted, differing_keys(recorded, wanted))
+
+
+def bytes_on_disk(root: Path) -> int:
+    """The size of every regular file under `root` (symlinks not followed)."""
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def human_size(size: int) -> str:
+    """A byte count for people.
+
+    >>> human_size(512), human_size(1536), human_size(5 * 2**40)
+    ('512 B', '1.5 KiB', '5120.0 GiB')
+    """
+    value, unit = float(size), "B"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            break
+        value /= 1024
+    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"

@@ -1,0 +1,191 @@
+"""From a text snapshot (or a token store) to this DP rank's training batches: tokenise, plan, deal, build.
+
+`build_batches` is the one call: get the tokenised samples (a token store read from disk, built or reused
+in ``cache_dir`` by `puzzletron.dataset.tokenize.store`, or the split tokenised in memory by
+`puzzletron.dataset.tokenize`), plan the packing (``packed_varlen``, `puzzletron.dataset.packing`), deal the
+rows to this DP rank (`puzzletron.dataset.distributed`), and build each `PuzzletronBatch` in the layout
+of a `PuzzletronDataSpec`::
+
+    batches = build_batches("snapshots/puzzle-kd", tokenizer="tok/", spec=spec, batch_size=4,
+                            dp_rank=rank, dp_size=world, cache_dir="token-stores/")
+    for batch in batches: ...                      # or batches.loader(num_workers=2)
+
+From a store a rank's memory holds the per-sample index and the plan (a few bytes a sample), never the
+tokens; the batches are identical (same fingerprints) to those of the in-memory path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from puzzletron.dataset.batch import Modality, PuzzletronBatch
+from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions
+from puzzletron.dataset.distributed import (
+    DistributedPackSampler,
+    PackedBatches,
+    PuzzletronDataLoader,
+    batch_loader,
+)
+from puzzletron.dataset.errors import ConfigError, SnapshotError
+from puzzletron.dataset.formats import MANIFEST, detect
+from puzzletron.dataset.formats.text_snapshot import load_text_split
+from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TokenStore
+from puzzletron.dataset.packing import PackingPlan, TokenizedSamples, plan_packing
+from puzzletron.dataset.packing.sources import StoreNames, StoreSamples
+from puzzletron.dataset.tokenize import TokenizedText, build_token_store, tokenize_conversations
+
+__all__ = ["TextBatches", "build_batches", "load_text_split"]
+
+
+@dataclass(frozen=True, eq=False)
+class TextBatches:
+    """A text split ready to train on: tokenised, planned, and dealt to one DP rank.
+
+    Iterating yields this rank's `PuzzletronBatch`es of the sampler's current epoch, ``[batch_size, T]``
+    each (``T`` = ``pack_size``, ``max_sample_length``, or the padded batch max). Call
+    ``sampler.set_epoch(e)`` before each epoch; ``sampler.state_dict`` / ``load_state_dict`` resume.
+
+    Attributes:
+        tokenized: the tokenised samples, skipped rows and pad id.
+        plan: the packing plan (``packed_varlen``), else None (one sample per row).
+        dataset: `BatchKey` -> `PuzzletronBatch`, the map-style dataset a DataLoader reads.
+        sampler: this rank's `DistributedPackSampler` over packs (or samples).
+    """
+
+    tokenized: TokenizedText
+    plan: PackingPlan | None
+    dataset: PackedBatches
+    sampler: DistributedPackSampler
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[PuzzletronBatch]:
+        return (self.dataset[key] for key in self.sampler)
+
+    def for_rank(self, dp_rank: int) -> TextBatches:
+        """The same tokens and plan dealt to another DP rank (a fresh sampler at epoch 0, same settings)."""
+        s = self.sampler
+        sampler = DistributedPackSampler(
+            s.num_items,
+            batch_size=s.batch_size,
+            dp_rank=dp_rank,
+            dp_size=s.dp_size,
+            seed=s.seed,
+            shuffle=s.shuffle,
+            drop_last=s.drop_last,
+        )
+        return dataclasses.replace(self, sampler=sampler)
+
+    def loader(self, *, num_workers: int = 0) -> PuzzletronDataLoader:
+        """A DataLoader yielding the same batches (`puzzletron.dataset.distributed.batch_loader`)."""
+        return batch_loader(self, num_workers=num_workers)
+
+
+def build_batches(
+    source: str | Path | Any,
+    *,
+    tokenizer: str | Path | Any = None,
+    spec: PuzzletronDataSpec,
+    batch_size: int,
+    split: str = "train",
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    pad_to_multiple_of: int = 1,
+    num_proc: int = 1,
+    options: TokenizeOptions = TokenizeOptions(),
+    cache_dir: str | Path | None = None,
+) -> TextBatches:
+    """Snapshot + tokenizer + `PuzzletronDataSpec` -> this DP rank's batches (see `TextBatches`).
+
+    ``source``: a token store folder (no tokenizer needed), a snapshot folder, a `datasets.Dataset`, or rows
+    with a ``messages`` column. With ``cache_dir`` a snapshot is tokenised once into a content-addressed
+    token store there (reused by every later call, rank and restart: `build_token_store`; under an
+    initialised `torch.distributed` group the ranks share the work); without it the split is tokenised in
+    memory (``num_proc`` processes). ``options``: the messages and id columns (`TokenizeOptions`).
+    ``batch_size``: rows per batch per rank (packs for ``packed_varlen``, samples otherwise). ``seed``
+    orders the packed rows and the epochs' deals. Layouts, as in `build_batch`: ``packed_varlen`` packs
+    samples into rows of ``spec.packing.pack_size`` (samples longer than it follow
+    ``spec.packing.long_samples``, counted in ``plan``); ``padded_varlen`` pads right to the batch max
+    rounded up to ``pad_to_multiple_of``; ``fixed`` pads or truncates to ``spec.max_sample_length``.
+    """
+    if Modality(spec.modality) is not Modality.TEXT:
+        raise ConfigError(
+            f"build_batches builds text batches; data.modality is {Modality(spec.modality).value}"
+        )
+    tokenized = _tokenized(
+        source, tokenizer=tokenizer, split=split, cache_dir=cache_dir, options=options, num_proc=num_proc
+    )
+    samples = tokenized.samples
+    plan = None
+    if spec.packing is not None:
+        names = samples.sample_ids if isinstance(samples, TokenizedSamples) else StoreNames(samples.store)
+        plan = plan_packing(samples.lengths, spec.packing, seed=seed, sample_ids=names)
+    dataset = PackedBatches(
+        samples, spec, plan, pad_token_id=tokenized.pad_token_id, pad_to_multiple_of=pad_to_multiple_of
+    )
+    sampler = DistributedPackSampler(
+        len(dataset),
+        batch_size=batch_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=seed,
+        shuffle=shuffle,
+        drop_last=drop_last,
+    )
+    return TextBatches(tokenized, plan, dataset, sampler)
+
+
+def _tokenized(
+    source: str | Path | Any,
+    *,
+    tokenizer: str | Path | Any,
+    split: str,
+    cache_dir: str | Path | None,
+    options: TokenizeOptions,
+    num_proc: int,
+) -> TokenizedText:
+    """The tokenised samples of ``source``: from a token store (given, or built/reused in ``cache_dir``),
+    else tokenised in memory."""
+    path = Path(source) if isinstance(source, str | Path) else None
+    if path is not None and _is_token_store(path):
+        return _from_store(TokenStore(path))
+    if tokenizer is None:
+        raise ConfigError(f"build_batches: tokenizer is required to tokenise {source!r} (not a token store)")
+    if cache_dir is not None:
+        if path is None:
+            raise ConfigError(
+                "build_batches: cache_dir needs a snapshot folder as source, not rows in memory"
+            )
+        built = build_token_store(
+            path, tokenizer=tokenizer, cache_dir=cache_dir, split=split, options=options, num_proc=num_proc
+        )
+        return _from_store(TokenStore(built))
+    rows = load_text_split(path, split=split) if path is not None else source
+    return tokenize_conversations(rows, tokenizer=tokenizer, options=options, num_proc=num_proc)
+
+
+def _is_token_store(path: Path) -> bool:
+    """Whether ``path`` holds a manifest naming the token-store format (the reader then checks the rest)."""
+    if not (path / MANIFEST).is_file():
+        return False
+    try:
+        return detect(path) == TOKEN_STORE_FORMAT
+    except SnapshotError:
+        return False  # another kind of folder: a snapshot's own reader says what is wrong with it
+
+
+def _from_store(store: TokenStore) -> TokenizedText:
+    return TokenizedText(
+        samples=StoreSamples(store),
+        skipped=store.skipped,
+        skipped_ids=tuple(store.skipped_ids()),
+        pad_token_id=store.pad_token_id,
+    )

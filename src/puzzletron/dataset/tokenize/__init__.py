@@ -1,0 +1,46 @@
+"""Tokenisation: chat-template rendering with assistant-only labels, in memory or into a token store.
+
+`conversations` tokenises rows (batched: render once, encode in one backend call; `tokenize_conversation`
+is the row-by-row reference); `store` builds (or reuses) a content-addressed token store of a text split,
+with worker processes and across `torch.distributed` ranks; `identity` says what a store is built from and
+names it. The store's on-disk format is `puzzletron.dataset.formats.token_store`.
+"""
+
+from __future__ import annotations
+
+from puzzletron.dataset.config import TokenizeOptions
+from puzzletron.dataset.packing.sources import labels_from_mask, shift_labels
+from puzzletron.dataset.tokenize._workers import map_tasks
+from puzzletron.dataset.tokenize.conversations import (
+    TokenizedRows,
+    TokenizedText,
+    assistant_token_mask,
+    load_tokenizer,
+    pad_token_id,
+    select_rows,
+    tokenize_conversation,
+    tokenize_conversations,
+    tokenize_rows,
+)
+from puzzletron.dataset.tokenize.identity import identity_sha256, short_hash, store_identity
+from puzzletron.dataset.tokenize.store import build_token_store
+
+__all__ = [
+    "TokenizeOptions",
+    "TokenizedRows",
+    "TokenizedText",
+    "assistant_token_mask",
+    "build_token_store",
+    "identity_sha256",
+    "labels_from_mask",
+    "load_tokenizer",
+    "map_tasks",
+    "pad_token_id",
+    "select_rows",
+    "shift_labels",
+    "short_hash",
+    "store_identity",
+    "tokenize_conversation",
+    "tokenize_conversations",
+    "tokenize_rows",
+]

@@ -1,0 +1,140 @@
+"""What a token store is built from (its identity) and the hash that names it.
+
+The identity is a JSON-ready mapping of everything the tokens depend on, and nothing else (no path, no
+time): the snapshot split's content (the SHA-256 of each of its files: from the text snapshot's manifest
+when it has one, else hashed here), the tokenizer (the SHA-256 of each tokenizer file of a directory; for a
+tokenizer object, of its backend JSON, chat template and special tokens), the tokenisation options and the
+format version. Its SHA-256 (`identity_sha256`, over sorted compact JSON) names a store in a cache
+directory (the first 16 hex digits); the same inputs always give the same hash, a changed tokenizer,
+template, option or snapshot another.
+
+>>> short_hash({"a": 1}) == short_hash({"a": 1}) != short_hash({"a": 2})
+True
+>>> identity_differences({"tokenizer": {"files": {"t.json": "ab"}}}, {"tokenizer": {"files": {"t.json": 1}}})
+["tokenizer.files.t.json: 'ab' vs 1"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from puzzletron.dataset.config import TokenizeOptions
+from puzzletron.dataset.errors import ConfigError
+from puzzletron.dataset.formats.manifest import sha256_file
+from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT, TextSplit
+from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
+
+__all__ = [
+    "identity_differences",
+    "identity_sha256",
+    "short_hash",
+    "snapshot_identity",
+    "store_identity",
+    "tokenizer_identity",
+]
+
+# The files `AutoTokenizer.from_pretrained` reads from a directory (a model's weights and config are not).
+_TOKENIZER_FILE = re.compile(
+    r"tokenizer.*|special_tokens_map\.json|added_tokens\.json|chat_template.*|vocab.*|merges.*"
+    r"|.*\.model|.*\.tiktoken|spiece.*|additional_chat_templates/.*"
+)
+
+
+def identity_sha256(identity: Mapping[str, Any]) -> str:
+    """The hex SHA-256 of `identity` as sorted, compact JSON."""
+    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def short_hash(identity: Mapping[str, Any]) -> str:
+    """The first 16 hex digits of `identity_sha256`: a store's directory name in a cache directory."""
+    return identity_sha256(identity)[:16]
+
+
+def snapshot_identity(split: TextSplit) -> dict[str, Any]:
+    """The snapshot part of an identity: source, revision, split and the SHA-256 of each file of the split
+    (a text snapshot's manifest supplies them after its completeness check; a plain ``save_to_disk``
+    folder is hashed here)."""
+    out: dict[str, Any] = {"split": split.split, "source": None, "revision": None}
+    if split.manifest is not None and "files" in split.manifest:
+        acquisition = split.manifest.get("acquisition") or {}
+        out |= {"format": TEXT_SNAPSHOT_FORMAT, "rows": split.rows}
+        out |= {"source": acquisition.get("source"), "revision": acquisition.get("revision")}
+    out["files"] = split.file_hashes()
+    return out
+
+
+def _object_sha256(tokenizer: Any) -> str:
+    """A stable hash of a tokenizer object: backend JSON (without its truncation and padding state, which
+    encoding changes), chat template, special tokens and class."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        spec: Any = json.loads(backend.to_str())
+        spec.pop("truncation", None)
+        spec.pop("padding", None)
+    else:
+        spec = sorted(tokenizer.get_vocab().items())
+    blob = {
+        "class": type(tokenizer).__name__,
+        "backend": spec,
+        "chat_template": getattr(tokenizer, "chat_template", None),
+        "special_tokens": tokenizer.special_tokens_map,
+        "split_special_tokens": getattr(tokenizer, "split_special_tokens", False),
+    }
+    return identity_sha256(blob)
+
+
+def tokenizer_identity(tokenizer: str | Path | Any) -> dict[str, Any]:
+    """The tokenizer part of an identity: ``{"files": {name: sha256}}`` of a tokenizer directory's files
+    (tokenizer JSON, config, special tokens, chat templates, vocabularies), or ``{"object_sha256": ...}``
+    of a tokenizer object."""
+    if not isinstance(tokenizer, str | Path):
+        return {"class": type(tokenizer).__name__, "object_sha256": _object_sha256(tokenizer)}
+    root = Path(tokenizer)
+    if not root.is_dir():
+        raise ConfigError(f"tokenizer {root} is not a directory (give a local tokenizer directory)")
+    files = {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and _TOKENIZER_FILE.fullmatch(p.relative_to(root).as_posix())
+    }
+    if not files:
+        raise ConfigError(f"tokenizer directory {root} holds no tokenizer files (tokenizer.json, ...)")
+    return {"files": files}
+
+
+def store_identity(
+    split: TextSplit, *, tokenizer: str | Path | Any, options: TokenizeOptions = TokenizeOptions()
+) -> dict[str, Any]:
+    """The identity of the token store of `split` (`open_split`) under `tokenizer` (see the module doc)."""
+    return {
+        "format": TOKEN_STORE_FORMAT,
+        "version": TOKEN_STORE_VERSION,
+        "snapshot": snapshot_identity(split),
+        "tokenizer": tokenizer_identity(tokenizer),
+        "options": options.identity(),
+    }
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        out |= _flat(item, f"{prefix}.{key}" if prefix else str(key))
+    return out
+
+
+def identity_differences(recorded: Any, wanted: Any) -> list[str]:
+    """``"key.path: recorded vs wanted"`` for every leaf that differs, sorted."""
+    old, new = _flat(recorded), _flat(wanted)
+    return [
+        f"{k}: {old.get(k)!r} vs {new.get(k)!r}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k)
+    ]

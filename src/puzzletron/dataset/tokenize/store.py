@@ -1,0 +1,338 @@
+"""Build (or reuse) the token store of a text snapshot split: on one machine and on many.
+
+    path = build_token_store("snapshots/puzzle-kd", tokenizer="tok/", cache_dir="stores", num_proc=8)
+    store = TokenStore(path)          # puzzletron.dataset.formats.token_store
+
+The store (``docs/token-store-format.md``) is content-addressed: `store_identity` covers the split's
+files, the tokenizer, the options and the format version; with ``cache_dir`` it lives at
+``cache_dir/<first 16 hex digits of its SHA-256>``, with ``output`` where asked (a store of another
+identity there is an error naming what differs). A complete store of the same identity is reused without
+loading the tokenizer or reading a row.
+
+Shards are fixed row ranges of the split (``rows_per_shard`` rows, part of the identity), so every byte
+and the manifest are the same for any ``num_proc`` and any world size. Building: under the destination's
+lock (`puzzletron.dataset.storage.atomic`), each shard is tokenised (`tokenize_rows`, ``batch_size`` rows
+at a time: bounded memory) and written straight into a build directory
+``<parent>/.<name>.build-<hash>`` under a temporary name, renamed when complete with its record; then the
+index and manifest are written into a transaction directory (the shards hard-linked in) and published
+with one rename. A build killed at any point publishes nothing; the rerun keeps the finished shards,
+tokenises only the missing ones, and sweeps the debris (temporary shards, transactions, build
+directories of other identities).
+
+Within a node, ``num_proc`` worker processes take shards. Across nodes, when `torch.distributed` is
+initialised every rank must call this (it is collective): rank 0 takes the lock, reuses or prepares the
+build directory and broadcasts it; rank ``r`` builds shards ``k % world == r`` (that directory must be on a
+file system every rank sees); after an all-gather of the ranks' errors rank 0 publishes, then every rank
+returns the path. A failure on any rank raises on every rank, naming it; the finished shards are kept. The
+process group's timeout must cover the waits (rank 0 waiting for the lock; ranks finishing at different
+times).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from puzzletron.dataset._checks import require_positive
+from puzzletron.dataset.config import TokenizeOptions
+from puzzletron.dataset.distributed.collectives import (
+    all_gather,
+    broadcast,
+    describe,
+    process_group,
+    raise_first,
+)
+from puzzletron.dataset.errors import ConfigError, SnapshotError
+from puzzletron.dataset.formats.manifest import MANIFEST
+from puzzletron.dataset.formats.text_snapshot import TextSplit, open_split
+from puzzletron.dataset.formats.token_store import (
+    ShardWriter,
+    assemble_store,
+    read_complete_manifest,
+    read_shard_record,
+    token_dtype,
+)
+from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked, staging_dir
+from puzzletron.dataset.tokenize._workers import map_tasks
+from puzzletron.dataset.tokenize.conversations import load_tokenizer, pad_token_id, select_rows, tokenize_rows
+from puzzletron.dataset.tokenize.identity import identity_differences, identity_sha256, store_identity
+
+__all__ = ["build_token_store"]
+
+
+@dataclass(frozen=True)
+class _Build:
+    """One store build: what every shard task needs (picklable: the tokenizer travels as a path when it is
+    one) and the identity, hashed once."""
+
+    split: TextSplit
+    dest: Path
+    identity: dict[str, Any]
+    digest: str  # identity_sha256(identity)
+    tokenizer: Any
+    options: TokenizeOptions
+    batch_size: int
+
+    @property
+    def build_dir(self) -> Path:
+        return self.dest.parent / f".{self.dest.name}.build-{self.digest[:16]}"
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What rank 0 learns under the lock and every rank builds with."""
+
+    rows: int
+    vocab_size: int
+    pad_token_id: int
+
+    @property
+    def dtype(self) -> str:
+        return token_dtype(self.vocab_size)
+
+
+def _shards(build: _Build, facts: _Facts) -> int:
+    return -(-facts.rows // build.options.rows_per_shard)
+
+
+def _rows_of(build: _Build, facts: _Facts, shard: int) -> tuple[int, int]:
+    start = shard * build.options.rows_per_shard
+    return start, min(start + build.options.rows_per_shard, facts.rows)
+
+
+def _shard_dir(build: _Build, shard: int) -> Path:
+    return build.build_dir / f"shard-{shard:06d}"
+
+
+def _build_shard(context: tuple[_Build, _Facts], shard: int) -> dict[str, Any]:
+    """Tokenise shard `shard` into a temporary directory, rename it complete; return its record."""
+    build, facts = context
+    start, stop = _rows_of(build, facts, shard)
+    tmp = build.build_dir / f"tmp-{shard:06d}-{secrets.token_hex(8)}"
+    tmp.mkdir()
+    try:
+        writer = ShardWriter(tmp, facts.dtype)
+        parts = tokenize_rows(
+            build.split.load(), start, stop, tokenizer=build.tokenizer, options=build.options,
+            batch_size=build.batch_size,
+        )  # fmt: skip
+        for part in parts:
+            supervised = part.supervised
+            (ids, mask), offsets = select_rows(
+                (part.input_ids, part.mask), part.offsets, np.flatnonzero(supervised)
+            )
+            writer.add(ids, mask, np.diff(offsets), part.sample_ids, supervised=supervised)
+        record = writer.finish(rows=(start, stop))
+        fsync_tree(tmp)
+        os.rename(tmp, _shard_dir(build, shard))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_path(build.build_dir, directory=True)
+    return record
+
+
+def _build_shards(
+    build: _Build,
+    facts: _Facts,
+    shards: Sequence[int],
+    *,
+    num_proc: int,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Build the shards of `shards` that are not finished yet, `num_proc` processes at a time."""
+    todo, done = [], 0
+    for k in shards:
+        rows = _rows_of(build, facts, k)
+        if read_shard_record(_shard_dir(build, k), rows) is None:
+            shutil.rmtree(_shard_dir(build, k), ignore_errors=True)  # a damaged finished shard: build again
+            todo.append(k)
+        else:
+            done += rows[1] - rows[0]
+    total = done + sum(_rows_of(build, facts, k)[1] - _rows_of(build, facts, k)[0] for k in todo)
+    if progress is not None:
+        progress(done, total)
+    for k, _ in zip(todo, map_tasks(_build_shard, (build, facts), todo, num_proc=num_proc), strict=True):
+        done += _rows_of(build, facts, k)[1] - _rows_of(build, facts, k)[0]
+        if progress is not None:
+            progress(done, total)
+
+
+def _build_dirs(dest: Path) -> list[Path]:
+    return sorted(dest.parent.glob(f".{dest.name}.build-*")) if dest.parent.is_dir() else []
+
+
+def _sweep(dest: Path, *, keep: Path | None = None) -> None:
+    """Remove the build directories of `dest` but `keep` (hold `locked(dest)`), and `keep`'s temporary
+    shards: only a lock holder creates either, so any found now is stale."""
+    for directory in _build_dirs(dest):
+        if directory != keep:
+            shutil.rmtree(directory, ignore_errors=True)
+    if keep is not None:
+        for entry in keep.glob("tmp-*"):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _reusable(build: _Build) -> bool:
+    """True when the destination holds a complete store of this identity; False when it holds nothing;
+    else an error."""
+    dest = build.dest
+    if not (dest / MANIFEST).is_file():
+        if dest.is_dir() and any(dest.iterdir()):
+            raise SnapshotError(f"{dest}: directory is not empty and holds no token store ({MANIFEST})")
+        return False
+    recorded = read_complete_manifest(dest).get("identity")
+    if recorded != build.identity:
+        differences = identity_differences(recorded, build.identity)
+        raise SnapshotError(
+            f"{dest}: the existing token store was built from another identity (existing vs requested: "
+            f"{'; '.join(differences[:4])}{'; ...' if len(differences) > 4 else ''}); "
+            "choose another output directory or delete this one"
+        )
+    return True
+
+
+def _prepare(build: _Build) -> _Facts:
+    """Under the lock: the build directory (created, swept) and the facts every rank builds with."""
+    _sweep(build.dest, keep=build.build_dir)
+    build.build_dir.mkdir(exist_ok=True)
+    tok = load_tokenizer(build.tokenizer)
+    return _Facts(rows=len(build.split.load()), vocab_size=len(tok), pad_token_id=pad_token_id(tok))
+
+
+def _publish(build: _Build, facts: _Facts) -> None:
+    """Assemble the finished shards into a transaction directory and publish it (hold `locked(dest)`)."""
+    shards = range(_shards(build, facts))
+    records = [read_shard_record(_shard_dir(build, k), _rows_of(build, facts, k)) for k in shards]
+    missing = [k for k, record in enumerate(records) if record is None]
+    if missing:
+        raise SnapshotError(
+            f"{build.build_dir}: shards {missing[:8]} are missing after every rank built its own; is the "
+            "build directory on a file system every rank shares?"
+        )
+    import tokenizers
+    import transformers
+
+    fields = {
+        "identity": build.identity,
+        "identity_sha256": build.digest,
+        "token_dtype": facts.dtype,
+        "vocab_size": facts.vocab_size,
+        "pad_token_id": facts.pad_token_id,
+        "rows_per_shard": build.options.rows_per_shard,
+        "built_with": {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__},
+    }
+    with staging_dir(build.dest) as tmp:
+        assemble_store(tmp, [_shard_dir(build, k) for k in shards], records, fields=fields)
+    shutil.rmtree(build.build_dir, ignore_errors=True)
+
+
+def _build_here(build: _Build, num_proc: int, progress: Any) -> None:
+    if _reusable(build) and not _build_dirs(build.dest):
+        return
+    with locked(build.dest):
+        if _reusable(build):
+            _sweep(build.dest)  # a run killed after publishing left its build directory
+            return
+        facts = _prepare(build)
+        _build_shards(build, facts, range(_shards(build, facts)), num_proc=num_proc, progress=progress)
+        _publish(build, facts)
+
+
+def _build_with_ranks(dist: Any, build: _Build, num_proc: int, progress: Any) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    digests = all_gather(dist, build.digest)
+    if len(set(digests)) != 1:
+        raise ConfigError(
+            f"the ranks ask for different token stores (identity hashes {sorted(set(digests))})"
+        )
+    with ExitStack() as lock:
+        own: BaseException | None = None
+        facts: _Facts | None = None
+        if rank == 0:
+            try:
+                lock.enter_context(locked(build.dest))
+                if _reusable(build):
+                    _sweep(build.dest)
+                else:
+                    facts = _prepare(build)
+            except Exception as exc:
+                own = exc
+        facts, failed = broadcast(dist, (facts, describe(own)))
+        raise_first([failed], own, "preparing the token store", error=SnapshotError)
+        if facts is not None:
+            try:
+                mine = [k for k in range(_shards(build, facts)) if k % world == rank]
+                _build_shards(build, facts, mine, num_proc=num_proc, progress=progress)
+            except Exception as exc:
+                own = exc
+            errors = all_gather(dist, describe(own))
+            raise_first(errors, own, "building its shards", error=SnapshotError)
+            if rank == 0:
+                try:
+                    _publish(build, facts)
+                except Exception as exc:
+                    own = exc
+            published = broadcast(dist, describe(own))
+            raise_first([published], own, "publishing the token store", error=SnapshotError)
+    try:
+        read_complete_manifest(build.dest)
+    except SnapshotError as exc:
+        raise SnapshotError(
+            f"rank {rank}: the token store rank 0 published is not visible here ({exc})"
+        ) from exc
+
+
+def build_token_store(
+    snapshot: str | Path,
+    *,
+    tokenizer: str | Path | Any,
+    output: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    split: str = "train",
+    options: TokenizeOptions = TokenizeOptions(),
+    num_proc: int = 1,
+    batch_size: int = 1024,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """Build or reuse the token store of `split` of `snapshot` (see the module docstring); its path.
+
+    Exactly one of ``output`` (the store directory) and ``cache_dir`` (the store goes to
+    ``cache_dir/<identity hash>``). ``options``: the messages and id columns and ``rows_per_shard`` (all
+    part of the identity). ``num_proc`` worker processes per rank; ``batch_size`` rows rendered and encoded
+    at a time. ``progress(done, total)`` is called with rows of this rank's shards as they finish (in this
+    process).
+    """
+    if (output is None) == (cache_dir is None):
+        raise ConfigError("give exactly one of output (the store directory) and cache_dir")
+    num_proc = require_positive(num_proc, "num_proc", error=ConfigError)
+    batch_size = require_positive(batch_size, "batch_size", error=ConfigError)
+    if not isinstance(options, TokenizeOptions):
+        raise ConfigError(f"options must be TokenizeOptions, got {type(options).__name__}")
+    text_split = open_split(snapshot, split)
+    identity = store_identity(text_split, tokenizer=tokenizer, options=options)
+    digest = identity_sha256(identity)
+    dest = Path(os.path.abspath(output if output is not None else Path(cache_dir) / digest[:16]))
+    build = _Build(
+        split=TextSplit(text_split.root.absolute(), split, text_split.folder.absolute(), text_split.manifest),
+        dest=dest,
+        identity=identity,
+        digest=digest,
+        tokenizer=str(tokenizer) if isinstance(tokenizer, str | Path) else tokenizer,
+        options=options,
+        batch_size=batch_size,
+    )
+    dist = process_group()
+    if dist is None:
+        _build_here(build, num_proc, progress)
+    else:
+        _build_with_ranks(dist, build, num_proc, progress)
+    return dest
