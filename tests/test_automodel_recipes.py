@@ -4,9 +4,9 @@ The LLM recipe (``TrainFinetuneRecipeForNextTokenPrediction``) instantiates
 `puzzletron.dataset.clients.automodel.llm_factory.make_puzzletron_chat_dataset` on a Puzzle-KD snapshot
 (the fixture Hub's rows saved per split, as acquisition writes them) in each layout; the VLM recipe
 (``FinetuneRecipeForVLM``) instantiates `puzzletron.dataset.load_materialized_conversation_dataset` on a
-materialised subset. Tiny random models come from local ``config.json`` files (no weights, no Hub). Each run is 3 optimizer steps;
-the losses the recipe writes to its ``training.jsonl`` are finite and falling, and the LLM recipe's first
-loss equals the per-document loss of its first two rows under the initial weights (float64).
+materialised subset. Tiny random models come from local ``config.json`` files (no weights, no Hub). Each
+run is 3 optimizer steps; the losses the recipe writes to its ``training.jsonl`` are finite and falling,
+and the LLM recipe's first loss equals the per-document loss of its first two rows under the initial weights (float64).
 
 AutoModel assumes CUDA in a few places; `cpu_patches` stands in for exactly those calls, in this process,
 undone after the module. Each patch names the AutoModel 0.7.0 file and line it replaces.
