@@ -6,7 +6,8 @@ The LLM recipe (``TrainFinetuneRecipeForNextTokenPrediction``) instantiates
 (``FinetuneRecipeForVLM``) instantiates `puzzletron.dataset.load_materialized_conversation_dataset` on a
 materialised subset. Tiny random models come from local ``config.json`` files (no weights, no Hub). Each
 run is 3 optimizer steps; the losses the recipe writes to its ``training.jsonl`` are finite and falling,
-and the LLM recipe's first loss equals the per-document loss of its first two rows under the initial weights (float64).
+and the LLM recipe's first loss equals the per-document loss of its first two rows under the initial
+weights (float64).
 
 AutoModel assumes CUDA in a few places; `cpu_patches` stands in for exactly those calls, in this process,
 undone after the module. Each patch names the AutoModel 0.7.0 file and line it replaces.
