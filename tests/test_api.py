@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 import subprocess
@@ -115,7 +116,8 @@ def test_reading_subsets_offline_does_not_import_torch_or_the_hub() -> None:
     assert out.stdout.strip() == "none"
 
 
-# Every name these modules exported before the package was reshaped (issue 9), by its documented path.
+# Every name these modules exported before the package was reshaped into sub-packages (issue 15), by its
+# old path (the aliases of `puzzletron.dataset._aliases`, and the packages that kept their path).
 DOCUMENTED_PATHS = {
     "parallel": [
         "batch_cp_indices",
@@ -134,9 +136,51 @@ DOCUMENTED_PATHS = {
         "tokenize_conversation",
         "tokenize_conversations",
     ],
+    "tokenize": [
+        "TokenizedRows",
+        "TokenizedText",
+        "assistant_token_mask",
+        "labels_from_mask",
+        "load_tokenizer",
+        "map_tasks",
+        "pad_token_id",
+        "select_rows",
+        "shift_labels",
+        "tokenize_conversation",
+        "tokenize_conversations",
+        "tokenize_rows",
+    ],
+    "pipeline": ["TextBatches", "build_batches", "load_text_split"],
+    "build_store": ["build_token_store", "identity_sha256", "short_hash", "store_identity"],
     "packing": ["PackingError", "PackingPlan", "TokenizedSamples", "build_batch", "plan_packing"],
     "sampler": ["BatchKey", "DistributedPackSampler", "PackedBatches", "deal_epoch", "steps_per_epoch"],
+    "sharding": ["check_sharding"],
+    "attention": ["Backend", "MaskMode", "forward_kwargs", "model_inputs"],
     "automodel": ["DocumentMap", "batch_from_automodel", "document_map", "forward_kwargs"],
+    "factory": ["ConversationDataset", "load_materialized_conversation_dataset", "round_robin_order"],
+    "llm_factory": ["ChatRows", "make_puzzletron_chat_dataset", "resolve_text_spec"],
+    "hf_trainer": [
+        "BatchCollator",
+        "BatchSource",
+        "KeyBatchSampler",
+        "PuzzletronDataLoader",
+        "PuzzletronTrainer",
+        "SAMPLER_STATE_FILE",
+        "batch_loader",
+        "check_sampler_state",
+    ],
+    "conversation": [
+        "INTERSYN_MULTI_DATASET",
+        "INTERSYN_MULTI_REVISION",
+        "INTERSYN_SINGLE_DATASET",
+        "INTERSYN_SINGLE_REVISION",
+        "NEMOTRON_VLM_DATASET",
+        "ROLES",
+        "normalize_intersyn_multi",
+        "normalize_intersyn_single",
+        "normalize_nemotron_vlm_sample",
+        "validate_conversation",
+    ],
     "subset": [
         "FORMAT",
         "FORMAT_VERSION",
@@ -152,11 +196,17 @@ DOCUMENTED_PATHS = {
         "verify_subset",
     ],
     "acquisition": [
+        "INTERSYN_ADAPTER",
         "INTERSYN_MULTI_REVISION",
+        "INTERSYN_MULTI_SOURCE",
         "INTERSYN_SINGLE_REVISION",
+        "INTERSYN_SINGLE_SOURCE",
         "MANIFEST_NAME",
         "NEMOTRON_VLM_ADAPTER",
+        "PROGRESS_LOGGER",
         "PUZZLE_KD_ADAPTER",
+        "PUZZLE_KD_DATASET",
+        "RejectedRow",
         "TextAcquisitionSpec",
         "VlmAcquisitionSpec",
         "hub_vlm_rows",
@@ -166,6 +216,50 @@ DOCUMENTED_PATHS = {
         "materialize_puzzle_kd_dataset",
         "redistribute_deficit",
         "verify_text_snapshot",
+    ],
+    "acquisition.specs": [
+        "NEMOTRON_VLM_ADAPTER",
+        "PUZZLE_KD_ADAPTER",
+        "PUZZLE_KD_DATASET",
+        "TextAcquisitionSpec",
+        "VlmAcquisitionSpec",
+        "output_path",
+    ],
+    "acquisition.quotas": ["largest_remainder_quotas", "redistribute_deficit"],
+    "acquisition.puzzle_kd": ["materialize_puzzle_kd_dataset"],
+    "acquisition.nemotron_vlm": ["hub_vlm_rows", "materialize_nemotron_vlm_dataset"],
+    "acquisition.intersyn": ["INTERSYN_ADAPTER", "materialize_intersyn_subset"],
+    "formats.subset_reader": [
+        "SubsetReader",
+        "load_materialized_conversation_subset",
+        "load_materialized_intersyn_subset",
+        "read_manifest",
+        "subset_manifest",
+    ],
+    "formats.subset_writer": [
+        "materialize_normalized_conversation_samples",
+        "materialize_normalized_intersyn_samples",
+    ],
+    "formats.subset_verify": ["describe_subset", "render_subset", "verify_subset"],
+    "formats.token_store": [
+        "TOKEN_STORE_FORMAT",
+        "TOKEN_STORE_VERSION",
+        "TokenStore",
+        "pread_into",
+        "read_strings",
+    ],
+    "formats.token_store_writer": ["RECORD", "ShardWriter", "assemble_store", "read_shard_record"],
+    "formats.token_store_verify": ["describe_token_store", "render_token_store", "verify_token_store"],
+    "formats.text_snapshot": [
+        "TEXT_SNAPSHOT_FORMAT",
+        "TEXT_SNAPSHOT_KIND",
+        "TEXT_SNAPSHOT_VERSION",
+        "describe_text_snapshot",
+        "is_unnamed_text_snapshot",
+        "read_text_snapshot",
+        "render_text_snapshot",
+        "verify_text_snapshot",
+        "write_text_snapshot",
     ],
     "config": ["PackingSpec", "PuzzletronDataSpec"],
     "errors": [
@@ -204,3 +298,33 @@ def test_every_documented_name_imports_from_its_documented_path(module: str) -> 
     # The seed names keep their identity whichever path they are imported from.
     for name in set(DOCUMENTED_PATHS[module]) & set(api.__all__):
         assert namespace[name] is getattr(api, name)
+
+
+def test_every_old_path_is_an_alias_of_the_new_modules() -> None:
+    from puzzletron.dataset._aliases import OLD_PATHS
+
+    for old, targets in OLD_PATHS.items():
+        alias = importlib.import_module(f"puzzletron.dataset.{old}")
+        claimed: set[str] = set()
+        for target in targets:  # the first target listed owns a name two of them export
+            owner = importlib.import_module(f"puzzletron.dataset.{target}")
+            for name in set(owner.__all__) - claimed:
+                assert getattr(alias, name) is getattr(owner, name), (old, target, name)
+            claimed |= set(owner.__all__)
+        assert set(alias.__all__) == claimed, old
+
+
+def test_an_old_path_is_not_a_new_module_and_unknown_paths_still_fail() -> None:
+    import puzzletron.dataset.text as old
+
+    import puzzletron.dataset.pipelines.text as new
+
+    assert old is not new and old.build_batches is new.build_batches
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("puzzletron.dataset.no_such_module")
+
+
+def test_subset_error_is_the_snapshot_error() -> None:
+    from puzzletron.dataset.errors import SnapshotError, SubsetError
+
+    assert SubsetError is SnapshotError and issubclass(SnapshotError, ValueError)

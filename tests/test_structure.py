@@ -1,16 +1,23 @@
-"""The shape of the package: no import cycle, no oversized module, `__all__` everywhere, no citation of
-briefing files outside the repository. Read from the source files (every import statement counts, also
-those under ``if TYPE_CHECKING:`` and inside functions)."""
+"""The shape of the package: the import rules of ``docs/architecture.md`` (read from its table), no import
+cycle, no import of another package's private module, a small top level, no oversized module, `__all__`
+everywhere, no citation of briefing files outside the repository. Read from the source files (every import
+statement counts, also those under ``if TYPE_CHECKING:`` and inside functions)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 MAX_LINES = 450
+MAX_TOP_LEVEL_MODULES = 6
+DATASET = "puzzletron.dataset"
+FOUNDATION = {"errors", "config", "_checks", "_enums"}
 
 
 def _modules() -> dict[str, Path]:
@@ -129,3 +136,113 @@ def test_public_module_declares_all(name: str) -> None:
 def test_code_cites_no_file_outside_the_repository() -> None:
     offenders = [str(p) for p in MODULES.values() if "shared/" in p.read_text(encoding="utf-8")]
     assert offenders == []
+
+
+def _package_of(module: str) -> str:
+    """The architecture's unit of a module: a package of `puzzletron.dataset` (``batch``, ``formats`` ...),
+    ``foundation``, ``__init__`` (the API face), ``_aliases``, ``cli`` or ``fixtures``."""
+    parts = module.split(".")
+    if parts[:2] == ["puzzletron", "cli"]:
+        return "cli"
+    if parts[:2] == ["puzzletron", "fixtures"]:
+        return "fixtures"
+    if module in (DATASET, "puzzletron"):
+        return "__init__"
+    top = parts[2]
+    return "foundation" if top in FOUNDATION else top
+
+
+def _rules() -> dict[str, set[str]]:
+    """``package -> the packages it may import`` from the table of docs/architecture.md."""
+    table = ARCHITECTURE.read_text(encoding="utf-8").split("## Import rules", 1)[1]
+    rules = {}
+    for name, allowed in re.findall(r"^\| (\w+) \| ([\w, ]+) \|$", table, flags=re.M):
+        if name != "package":
+            rules[name] = set() if allowed == "nothing" else {a.strip() for a in allowed.split(",")}
+    return rules
+
+
+RULES = _rules()
+
+
+def test_the_architecture_table_names_every_package_of_the_dataset() -> None:
+    packages = {p.name for p in (SRC / "puzzletron" / "dataset").iterdir() if (p / "__init__.py").is_file()}
+    assert packages <= set(RULES), sorted(packages - set(RULES))
+    assert RULES["batch"] == {"foundation"} and RULES["fixtures"] == set()  # the table parses
+
+
+def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports in ``graph`` (module -> the modules it imports) that the architecture's table forbids."""
+    broken = []
+    for name, targets in graph.items():
+        mine = _package_of(name)
+        if mine in ("cli", "__init__", "_aliases"):
+            continue  # the face, the alias hook and the command line may import any package
+        if mine == "foundation":
+            allowed = {"foundation"}
+        else:
+            allowed = RULES.get(mine, set()) | {mine} | ({"foundation"} if mine != "fixtures" else set())
+        broken += [
+            f"{name} ({mine}) imports {t} ({_package_of(t)})"
+            for t in sorted(targets)
+            if _package_of(t) not in allowed
+        ]
+    return broken
+
+
+def test_every_import_follows_the_layers_of_docs_architecture() -> None:
+    assert _layer_violations({name: _imports(name, path) for name, path in MODULES.items()}) == []
+
+
+def test_the_layer_check_finds_planted_violations() -> None:
+    planted = {
+        "puzzletron.dataset.packing._plan": {
+            "puzzletron.dataset.pipelines.text",
+            "puzzletron.dataset.config",
+        },
+        "puzzletron.dataset.errors": {"puzzletron.dataset.batch"},
+        "puzzletron.fixtures.hub": {"puzzletron.dataset.errors"},
+        "puzzletron.cli._demo": {"puzzletron.dataset.pipelines.text"},
+    }
+    assert _layer_violations(planted) == [
+        "puzzletron.dataset.packing._plan (packing) imports puzzletron.dataset.pipelines.text (pipelines)",
+        "puzzletron.dataset.errors (foundation) imports puzzletron.dataset.batch (batch)",
+        "puzzletron.fixtures.hub (fixtures) imports puzzletron.dataset.errors (foundation)",
+    ]
+
+
+def _private_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a ``_private`` module owned by a package the importer is not inside."""
+    broken = []
+    for name, targets in graph.items():
+        for target in sorted(targets):
+            parts = target.split(".")
+            private = next(
+                (i for i, part in enumerate(parts) if part.startswith("_") and part[1:2] != "_"), None
+            )
+            if private is None:
+                continue
+            owner = ".".join(parts[:private])
+            if owner and not (name == owner or name.startswith(owner + ".")):
+                broken.append(f"{name} -> {target}")
+    return broken
+
+
+def test_no_module_imports_another_packages_private_module() -> None:
+    assert _private_imports({name: _imports(name, path) for name, path in MODULES.items()}) == []
+
+
+def test_the_private_import_check_finds_a_planted_one() -> None:
+    planted = {
+        "puzzletron.dataset.pipelines.text": {"puzzletron.dataset.packing._build"},
+        "puzzletron.dataset.packing.sources": {"puzzletron.dataset.packing._units"},
+        "puzzletron.dataset.batch._core": {"puzzletron.dataset._checks"},
+    }
+    assert _private_imports(planted) == [
+        "puzzletron.dataset.pipelines.text -> puzzletron.dataset.packing._build"
+    ]
+
+
+def test_the_top_level_of_the_dataset_package_is_small() -> None:
+    top = sorted(p.name for p in (SRC / "puzzletron" / "dataset").glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top

@@ -10,7 +10,7 @@ from puzzletron.dataset.formats.token_store._layout import (
     read_complete_manifest,
     token_dtype,
 )
-from puzzletron.dataset.formats.token_store.reader import TokenStore, pread_into
+from puzzletron.dataset.formats.token_store.reader import TokenStore, pread_into, read_strings
 from puzzletron.dataset.formats.token_store.verify import (
     describe_token_store,
     render_token_store,
@@ -34,6 +34,7 @@ __all__ = [
     "pread_into",
     "read_complete_manifest",
     "read_shard_record",
+    "read_strings",
     "render_token_store",
     "token_dtype",
     "verify_token_store",
