@@ -1,5 +1,5 @@
-"""Hypothesis strategies for random valid `PuzzletronBatch`es (shared by the batch, parallel and fingerprint
-tests), and the plain-Python references the properties compare the library against.
+"""Hypothesis strategies for random valid `PuzzletronBatch`es (shared by the tests under ``tests/batch/``),
+and the plain-Python references the properties compare the library against.
 
 Ids, cu, media offsets and AutoModel's per-row packing kwargs are built here by plain Python from drawn
 lengths (not by the code under test), so the property tests compare the library against an independent
@@ -26,9 +26,11 @@ import torch
 from hypothesis import strategies as st
 
 from puzzletron.dataset import DataLayout, PackedSequenceMetadata, PuzzletronBatch
+from puzzletron.dataset.batch import FLAT_BACKEND_KWARGS
 
 __all__ = [
     "THD_SENTINEL",
+    "assert_token_kwargs_match_layout",
     "batches",
     "documents",
     "flash_kwargs",
@@ -107,6 +109,37 @@ def flash_kwargs(rows: list[list[int]]) -> dict[str, Any]:
         "max_length_q": longest,
         "max_length_k": longest,
     }
+
+
+def assert_token_kwargs_match_layout(original: PuzzletronBatch, part: PuzzletronBatch) -> None:
+    """The per-row packing kwargs of ``part`` describe its own ``seq_ids`` (after a token split)."""
+    rows = part.sequence.seq_ids.tolist()
+    kw, orig = part.model_kwargs, original.model_kwargs
+    cu = orig.get("cu_seqlens")
+    local = part.sequence.local_cu_seqlens
+    own_cu = local if local is not None else part.sequence.global_cu_seqlens
+    if isinstance(cu, torch.Tensor):
+        if cu.dim() == 1:
+            assert torch.equal(kw["cu_seqlens"], own_cu)
+        elif original.batch_size > 1:
+            assert kw["cu_seqlens"].tolist() == per_row_cu(rows, cu.shape[1])
+        else:
+            # One row: the per-row form is the row's cu; -1 padding (when the original had some) is kept.
+            want = own_cu.tolist()
+            padded = cu.shape[1] > original.sequence.global_cu_seqlens.numel()
+            assert kw["cu_seqlens"].tolist() == [want + [-1] * (cu.shape[1] - len(want) if padded else 0)]
+        assert kw["cu_seqlens"].dtype == cu.dtype
+    if "packed_token_indices" in orig:
+        assert kw["packed_token_indices"].tolist() == token_indices(rows)
+    if "seq_lens" in orig:
+        lengths, spans = thd_lengths(rows, orig["seq_lens"].shape[1])
+        assert kw["seq_lens"].tolist() == lengths
+        assert kw["seq_lens_padded"].tolist() == spans
+    if "max_seqlen" in orig:
+        assert kw["max_seqlen"] == max(own_cu.diff().tolist(), default=0)
+    if "seq_idx" in orig:
+        assert torch.equal(kw["seq_idx"], part.sequence.seq_ids.to(orig["seq_idx"].dtype))
+    assert not set(FLAT_BACKEND_KWARGS) & set(kw)
 
 
 # -- the strategy -----------------------------------------------------------------------------------

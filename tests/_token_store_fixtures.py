@@ -1,5 +1,5 @@
-"""The fixtures the token-store tests share; a test module loads them with
-``pytest_plugins = ["_token_store_fixtures"]`` (and never imports this module itself)."""
+"""The fixtures the token-store tests share (under tokenize/, formats/token_store/, pipelines/ and cli/): a
+plugin module, registered by ``pytest_plugins`` in the root ``conftest.py`` (never import it yourself)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Shared fixtures: the generated fixture Hub and a running olah mirror of it on loopback.
+"""Fixtures shared by several test folders: the generated fixture Hub and a running olah mirror of it on
+loopback, and (from the plugin module ``_token_store_fixtures``) the chat tokenizer and text snapshot the
+tokenize, token-store, pipeline and CLI tests build on.
 
 ``fixture_hub`` generates the four fixture repositories once per session (about a second);
 ``hub_endpoint`` serves them with olah and points ``HF_ENDPOINT`` at it, with a session-temporary
@@ -15,6 +17,8 @@ import pytest
 
 from puzzletron.fixtures.hub import FixtureHub, generate_fixture_hub
 from puzzletron.fixtures.mirror import serve_hub
+
+pytest_plugins = ["_token_store_fixtures"]  # `tokenizer_dir`, `snapshot`
 
 _HUB_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 

@@ -23,8 +23,6 @@ from puzzletron.dataset.formats.token_store import TokenStore
 from puzzletron.dataset.tokenize import labels_from_mask, tokenize_conversations
 from puzzletron.dataset.tokenize.store import build_token_store
 
-pytest_plugins = ["_token_store_fixtures"]  # `tokenizer_dir`, `snapshot`
-
 
 @pytest.fixture(scope="module")
 def store_path(snapshot: Path, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:

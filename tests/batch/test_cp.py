@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _batch_strategies import batches, revalidated
+from _batch_strategies import assert_token_kwargs_match_layout, batches, revalidated
 from puzzletron.dataset import DataLayout, PackedSequenceMetadata, PuzzletronBatch
 from puzzletron.dataset.batch import FLAT_BACKEND_KWARGS
 from puzzletron.dataset.batch.cp import (
@@ -21,7 +21,6 @@ from puzzletron.dataset.batch.cp import (
     load_balanced_cp_indices,
 )
 from puzzletron.dataset.errors import BatchValidationError
-from test_batch_properties import _assert_token_kwargs_match_layout
 
 
 def test_transformer_engine_golden() -> None:
@@ -164,7 +163,7 @@ def test_cp_partition_of_every_rank_gathers_back_to_the_batch(b: PuzzletronBatch
             assert part.sequence.max_seqlen == max(want, default=0)
             assert part.sequence.global_cu_seqlens is b.sequence.global_cu_seqlens
             assert part.sequence.sample_offsets == b.sequence.sample_offsets
-            _assert_token_kwargs_match_layout(b, part)
+            assert_token_kwargs_match_layout(b, part)
         revalidated(part)
     gathered = gather_cp_partitions(parts, indices)
     # Fingerprint equality: every tensor, mask, label, kwarg and metadata field.

@@ -1,7 +1,7 @@
 """`make_puzzletron_chat_dataset`: AutoModel LLM items in every layout, collated by AutoModel's own
 ``default_collater``, with the library's shifted labels and the spec options checked up front.
 
-The recipe itself runs in ``test_automodel_recipes.py``; these are the fast checks of the items."""
+The recipe itself runs in ``test_recipes.py``; these are the fast checks of the items."""
 
 from __future__ import annotations
 

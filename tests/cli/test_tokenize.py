@@ -12,8 +12,6 @@ import pytest
 from puzzletron.cli import main
 from puzzletron.dataset.formats.token_store import TokenStore
 
-pytest_plugins = ["_token_store_fixtures"]  # `tokenizer_dir`, `snapshot`
-
 
 def _args(snapshot: Path, tokenizer: Path, out: Path, *extra: str) -> list[str]:
     return ["tokenize", str(snapshot), "--tokenizer", str(tokenizer), "--output", str(out), *extra]

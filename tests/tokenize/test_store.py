@@ -33,8 +33,6 @@ from puzzletron.dataset.tokenize import store as build_store
 FORK = multiprocessing.get_context("fork")
 SHARDS = -(-TRAIN_ROWS // ROWS_PER_SHARD)
 
-pytest_plugins = ["_token_store_fixtures"]  # `tokenizer_dir`, `snapshot`
-
 
 @pytest.fixture(autouse=True)
 def _serial_tokenizers(monkeypatch: pytest.MonkeyPatch) -> None:

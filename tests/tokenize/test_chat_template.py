@@ -37,8 +37,6 @@ AT_ZERO = (
 S = {"role": "system", "content": ""}
 UNI = "héllo wörld — naïve café 日本語のテキスト 中文 emoji 😀🚀 👩‍👩‍👧 e\u0301 ✓ ± ≤ ≥ ∑ \u200b\u00a0"
 
-pytest_plugins = ["_token_store_fixtures"]  # `tokenizer_dir`, `snapshot`
-
 
 def U(text: object) -> dict:
     return {"role": "user", "content": text}

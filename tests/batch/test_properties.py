@@ -1,7 +1,7 @@
 """Property tests over random valid batches (see `_batch_strategies` for everything a batch may hold): row
 splits and padding are exact, for every known kwarg (AutoModel per-row ``cu_seqlens``,
 ``packed_token_indices``, THD ``seq_lens*``, ``seq_idx``, per-row counts, image and video media). The CP
-properties are in ``test_parallel.py``, the fingerprint ones in ``test_fingerprint.py``."""
+properties are in ``test_cp.py``, the fingerprint ones in ``test_fingerprint.py``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from _batch_strategies import THD_SENTINEL, batches, per_row_cu, revalidated, thd_lengths, token_indices
+from _batch_strategies import THD_SENTINEL, assert_token_kwargs_match_layout, batches, revalidated
 from puzzletron.dataset import DataLayout, PuzzletronBatch
 from puzzletron.dataset.batch import FLAT_BACKEND_KWARGS
 from puzzletron.dataset.errors import BatchValidationError
@@ -29,10 +29,6 @@ def _cat(groups: Sequence[PuzzletronBatch], get: Callable[[PuzzletronBatch], Any
     if isinstance(parts[0], torch.Tensor):
         return torch.cat(parts, dim=dim)
     return type(parts[0])(item for part in parts for item in part)
-
-
-def _rows_of(rows: torch.Tensor) -> list[list[int]]:
-    return rows.tolist()
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -173,41 +169,10 @@ def test_dp_slice_deals_whole_packed_samples_exactly_once(b: PuzzletronBatch, da
         assert torch.equal(got, want)
         assert shard.sequence.global_cu_seqlens.diff().tolist() == lengths[start:stop]
         assert shard.sample_ids[0].endswith(f":dp-{rank}")
-        _assert_token_kwargs_match_layout(b, shard)
+        assert_token_kwargs_match_layout(b, shard)
         revalidated(shard)
     assert seen == n
     assert "cu_seq_lens_q" not in kw or all("cu_seq_lens_q" not in s.model_kwargs for s in shards)
-
-
-def _assert_token_kwargs_match_layout(original: PuzzletronBatch, part: PuzzletronBatch) -> None:
-    """The per-row packing kwargs of ``part`` describe its own ``seq_ids`` (after a token split)."""
-    rows = _rows_of(part.sequence.seq_ids)
-    kw, orig = part.model_kwargs, original.model_kwargs
-    cu = orig.get("cu_seqlens")
-    local = part.sequence.local_cu_seqlens
-    own_cu = local if local is not None else part.sequence.global_cu_seqlens
-    if isinstance(cu, torch.Tensor):
-        if cu.dim() == 1:
-            assert torch.equal(kw["cu_seqlens"], own_cu)
-        elif original.batch_size > 1:
-            assert kw["cu_seqlens"].tolist() == per_row_cu(rows, cu.shape[1])
-        else:
-            # One row: the per-row form is the row's cu; -1 padding (when the original had some) is kept.
-            want = own_cu.tolist()
-            padded = cu.shape[1] > original.sequence.global_cu_seqlens.numel()
-            assert kw["cu_seqlens"].tolist() == [want + [-1] * (cu.shape[1] - len(want) if padded else 0)]
-        assert kw["cu_seqlens"].dtype == cu.dtype
-    if "packed_token_indices" in orig:
-        assert kw["packed_token_indices"].tolist() == token_indices(rows)
-    if "seq_lens" in orig:
-        lengths, spans = thd_lengths(rows, orig["seq_lens"].shape[1])
-        assert kw["seq_lens"].tolist() == lengths
-        assert kw["seq_lens_padded"].tolist() == spans
-    if "max_seqlen" in orig:
-        assert kw["max_seqlen"] == max(own_cu.diff().tolist(), default=0)
-    if "seq_idx" in orig:
-        assert torch.equal(kw["seq_idx"], part.sequence.seq_ids.to(orig["seq_idx"].dtype))
-    assert not set(FLAT_BACKEND_KWARGS) & set(kw)
 
 
 @PROFILE

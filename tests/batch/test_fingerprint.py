@@ -23,7 +23,7 @@ from puzzletron.dataset import DataLayout, Modality, PackedSequenceMetadata, Puz
 from puzzletron.dataset.batch import _tables
 from puzzletron.dataset.batch._fingerprint import fingerprint_of
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 # Builds one fixed batch; printed fingerprint must agree across processes.
 SCRIPT = """
