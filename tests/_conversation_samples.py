@@ -11,6 +11,8 @@ from PIL import Image
 from puzzletron.dataset.conversation import normalize_intersyn_multi, normalize_intersyn_single
 
 __all__ = [
+    "MULTI",
+    "SINGLE",
     "jpeg_bytes",
     "multi_row",
     "nemotron_row",
@@ -19,6 +21,10 @@ __all__ = [
     "single_row",
     "single_samples",
 ]
+
+# The (dataset, revision) the InterSyn normalisers stamp on `single_samples` / `multi_samples`, written out.
+SINGLE = ("finyorko/single_turn", "59acf6773cd2bf5b485f37296e862216aa99516b")
+MULTI = ("finyorko/multi-turn", "728987eff962e9df6f3da5ad5824a4accdd62bd2")
 
 
 def pil_image(seed: int, size: tuple[int, int] = (32, 24)) -> Image.Image:

@@ -4,14 +4,14 @@ tokenize, token-store, pipeline and CLI tests build on.
 
 ``fixture_hub`` generates the four fixture repositories once per session (about a second);
 ``hub_endpoint`` serves them with olah and points ``HF_ENDPOINT`` at it, with a session-temporary
-``HF_HOME`` so no Hub cache leaks between runs (the library reads both at call time).
+``HF_HOME`` so no Hub cache leaks between runs (the library reads both at call time). Fixtures one folder
+alone uses live in that folder's ``conftest.py``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -66,11 +66,3 @@ def hub_endpoint(fixture_hub: FixtureHub, tmp_path_factory: pytest.TempPathFacto
             yield endpoint
         finally:
             env.restore()
-
-
-@pytest.fixture
-def fresh_hf_home(hub_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty Hub cache for one test (to count what it downloads)."""
-    home = tmp_path / "hf-home"
-    monkeypatch.setenv("HF_HOME", str(home))
-    return home

@@ -1,7 +1,7 @@
 """`batch_from_automodel` on hand-written collator outputs: the contract's goldens and every input form.
 
 Expected values are written out by hand; no AutoModel import is needed here (see
-`test_automodel_collators.py` for the real collators).
+`test_collators_text.py` and `test_collators_vlm.py` for the real collators).
 """
 
 from __future__ import annotations

@@ -1,22 +1,111 @@
-"""`build_batches` from a token store: batches identical to the in-memory path, no tokenizer needed, a
-snapshot + cache directory builds once and is reused, and a rank holds the index, never the tokens."""
+"""`build_batches`, snapshot + tokenizer + spec -> batches: hand-checked goldens of the packed, padded and
+fixed layouts (labels never cross a document boundary), dealing to DP ranks from a snapshot folder; and from
+a token store: batches identical to the in-memory path, no tokenizer needed, a snapshot + cache directory
+tokenised once then reused, batches unchanged through DataLoader workers, and a rank that holds the index,
+never the tokens."""
 
 from __future__ import annotations
 
 import pickle
 from pathlib import Path
 
+import datasets
 import pytest
 
+from _chat_rows import IDS_A, IDS_B, LABELS_A, LABELS_B, ROWS, X
 from _token_store_data import ROWS_PER_SHARD, SKIPPED_ROWS, TRAIN_ROWS
+from puzzletron.dataset.batch import DataLayout, PuzzletronBatch
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
-from puzzletron.dataset.errors import ConfigError
+from puzzletron.dataset.errors import ConfigError, SubsetError
+from puzzletron.dataset.formats.text_snapshot import load_text_split
 from puzzletron.dataset.formats.token_store import TokenStore
 from puzzletron.dataset.pipelines.text import TextBatches, build_batches
 from puzzletron.dataset.tokenize import store as build_store
 from puzzletron.dataset.tokenize.store import build_token_store
 
-pytest_plugins = ["_token_store_fixtures"]
+# ------------------------------------------------------------------ snapshot + tokenizer + spec -> batches
+
+
+def _only_batch(batches) -> PuzzletronBatch:
+    (batch,) = list(batches)
+    return batch
+
+
+def test_build_batches_packed_golden_labels_never_cross_the_document_boundary(tokenizer_dir: Path):
+    spec = PuzzletronDataSpec("text", "packed_varlen", 40, PackingSpec(pack_size=40))
+    batches = build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1, shuffle=False)
+    assert batches.plan is not None and batches.plan.rows == ((0, 1),) and len(batches) == 1
+    batch = _only_batch(batches)
+    assert batch.layout is DataLayout.PACKED_VARLEN
+    assert batch.input_ids.tolist() == [IDS_A + IDS_B + [0] * 9]
+    # Position 15 is the last token of a ("\n"); the next token, position 16, is b's <|im_start|>. Its
+    # label is -100: a document never predicts the next one.
+    expected = [X] * 11 + [63, 291, 2, X, X] + [X] * 11 + [53, 2, X, X] + [X] * 9
+    assert batch.labels.tolist() == [expected]
+    assert batch.sequence.seq_ids.tolist() == [[0] * 16 + [1] * 15 + [-1] * 9]
+    assert batch.sequence.global_cu_seqlens.tolist() == [0, 16, 31]
+    assert batch.model_kwargs["position_ids"].tolist() == [list(range(16)) + list(range(15)) + [0] * 9]
+    assert batch.sample_ids == ("a|b",)
+
+
+@pytest.mark.parametrize(("multiple", "width"), [(1, 16), (12, 24)])
+def test_build_batches_padded_golden(tokenizer_dir: Path, multiple: int, width: int):
+    spec = PuzzletronDataSpec("text", "padded_varlen", 64)
+    batches = build_batches(
+        ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=2, shuffle=False, pad_to_multiple_of=multiple
+    )
+    batch = _only_batch(batches)
+    assert batch.layout is DataLayout.PADDED_VARLEN
+    assert batch.input_ids.tolist() == [IDS_A + [0] * (width - 16), IDS_B + [0] * (width - 15)]
+    assert batch.labels.tolist() == [LABELS_A + [X] * (width - 16), LABELS_B + [X] * (width - 15)]
+    assert batch.model_kwargs["attention_mask"].tolist() == [
+        [1] * 16 + [0] * (width - 16),
+        [1] * 15 + [0] * (width - 15),
+    ]
+    assert batch.sample_ids == ("a", "b")
+
+
+def _fixed_batch(tokenizer_dir: Path, max_sample_length: int) -> PuzzletronBatch:
+    spec = PuzzletronDataSpec("text", "fixed", max_sample_length)
+    return _only_batch(build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=2, shuffle=False))
+
+
+def test_build_batches_fixed_golden_truncates_and_pads_to_max_sample_length(tokenizer_dir: Path):
+    short = _fixed_batch(tokenizer_dir, 12)
+    assert short.layout is DataLayout.FIXED
+    assert short.input_ids.tolist() == [IDS_A[:12], IDS_B[:12]]
+    # Truncated: the kept tokens keep their true targets (the "\n" before the reply still predicts it).
+    assert short.labels.tolist() == [[X] * 11 + [63], [X] * 11 + [53]]
+    long = _fixed_batch(tokenizer_dir, 18)
+    assert long.input_ids.tolist() == [[*IDS_A, 0, 0], [*IDS_B, 0, 0, 0]]
+    assert long.labels.tolist() == [[*LABELS_A, X, X], [*LABELS_B, X, X, X]]
+
+
+def test_build_batches_deals_to_dp_ranks_and_reads_a_snapshot_folder(tokenizer_dir: Path, tmp_path: Path):
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "snap" / "train"))
+    spec = PuzzletronDataSpec("text", "fixed", 16)
+    ranks = [
+        build_batches(
+            tmp_path / "snap", tokenizer=tokenizer_dir, spec=spec, batch_size=1, dp_rank=r, dp_size=2, seed=3
+        )
+        for r in range(2)
+    ]
+    assert sorted(b.sample_ids[0] for r in ranks for b in r) == ["a", "b"]
+    assert [b.fingerprint for b in ranks[0].for_rank(1)] == [b.fingerprint for b in ranks[1]]
+    assert [b.fingerprint for b in ranks[0].loader(num_workers=0)] == [b.fingerprint for b in ranks[0]]
+    assert len(load_text_split(tmp_path / "snap")) == 2
+    with pytest.raises(SubsetError, match="does not exist"):
+        load_text_split(tmp_path / "missing")
+
+
+def test_build_batches_rejects_a_multimodal_spec(tokenizer_dir: Path):
+    spec = PuzzletronDataSpec("multimodal", "fixed", 16)
+    with pytest.raises(ValueError, match=r"data\.modality is multimodal"):
+        build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1)
+
+
+# -------------------------------------------------------------------------------------- from a token store
+
 
 SPECS = {
     "packed": PuzzletronDataSpec("text", "packed_varlen", 1024, PackingSpec(1024)),

@@ -1,4 +1,6 @@
-"""Chat-template tokenisation: assistant-only shifted labels, the no-marker fallback, parallel runs."""
+"""Chat-template tokenisation: assistant-only shifted labels (hand-checked goldens), the no-marker
+fallback giving the same mask, rows without supervision skipped and counted, errors naming the row, parallel
+runs identical to one process, and a snapshot never written into."""
 
 from __future__ import annotations
 
@@ -9,11 +11,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from puzzletron.dataset.batch import DataLayout, PuzzletronBatch
-from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
-from puzzletron.dataset.errors import SubsetError
-from puzzletron.dataset.formats.text_snapshot import load_text_split
-from puzzletron.dataset.pipelines.text import build_batches
+from _chat_rows import IDS_A, IDS_B, LABELS_A, LABELS_B, ROWS
 from puzzletron.dataset.tokenize import (
     assistant_token_mask,
     load_tokenizer,
@@ -22,7 +20,6 @@ from puzzletron.dataset.tokenize import (
     tokenize_conversations,
 )
 from puzzletron.fixtures.hub import PUZZLE_KD, FixtureHub
-from puzzletron.fixtures.tokenizer import build_chat_tokenizer
 
 CONVERSATION = [
     {"role": "system", "content": ""},
@@ -31,11 +28,6 @@ CONVERSATION = [
     {"role": "user", "content": "Thank you!"},
     {"role": "assistant", "content": "You're welcome."},
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_chat_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 @pytest.fixture(scope="module")
@@ -195,105 +187,10 @@ def test_tokenising_a_snapshot_never_writes_into_it(tokenizer_dir: Path, puzzle_
     assert sorted((p.relative_to(snapshot), p.stat().st_size) for p in snapshot.rglob("*")) == before
 
 
-# ------------------------------------------------------------------ snapshot + tokenizer + spec -> batches
-
-# Two tiny conversations and their tokens under the fixture tokenizer (hand-checked against its vocab):
-#   a: <|im_start|> user \n H i <|im_end|> \n <|im_start|> as sis tant \n Y es <|im_end|> \n     16 tokens
-#   b: <|im_start|> user \n N o <|im_end|> \n <|im_start|> as sis tant \n O <|im_end|> \n        15 tokens
-ROWS = [
-    {"uuid": "a", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes"}]},
-    {"uuid": "b", "messages": [{"role": "user", "content": "No"}, {"role": "assistant", "content": "O"}]},
-]
-IDS_A = [1, 401, 205, 46, 79, 2, 205, 1, 352, 312, 335, 205, 63, 291, 2, 205]
-IDS_B = [1, 401, 205, 52, 85, 2, 205, 1, 352, 312, 335, 205, 53, 2, 205]
-X = -100
-# labels[t] is the target of input_ids[t]: the assistant reply and its <|im_end|>, nothing else.
-LABELS_A = [X] * 11 + [63, 291, 2, X, X]  # "\n" -> Y, Y -> es, es -> <|im_end|>
-LABELS_B = [X] * 11 + [53, 2, X, X]  # "\n" -> O, O -> <|im_end|>
-
-
-def _only_batch(batches) -> PuzzletronBatch:
-    (batch,) = list(batches)
-    return batch
-
-
 def test_tokenised_labels_golden(tokenizer_dir: Path):
     for row, ids, labels in ((ROWS[0], IDS_A, LABELS_A), (ROWS[1], IDS_B, LABELS_B)):
         got_ids, got_labels = tokenize_conversation(row["messages"], tokenizer_dir)
         assert got_ids.tolist() == ids and got_labels.tolist() == labels
-
-
-def test_build_batches_packed_golden_labels_never_cross_the_document_boundary(tokenizer_dir: Path):
-    spec = PuzzletronDataSpec("text", "packed_varlen", 40, PackingSpec(pack_size=40))
-    batches = build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1, shuffle=False)
-    assert batches.plan is not None and batches.plan.rows == ((0, 1),) and len(batches) == 1
-    batch = _only_batch(batches)
-    assert batch.layout is DataLayout.PACKED_VARLEN
-    assert batch.input_ids.tolist() == [IDS_A + IDS_B + [0] * 9]
-    # Position 15 is the last token of a ("\n"); the next token, position 16, is b's <|im_start|>. Its
-    # label is -100: a document never predicts the next one.
-    expected = [X] * 11 + [63, 291, 2, X, X] + [X] * 11 + [53, 2, X, X] + [X] * 9
-    assert batch.labels.tolist() == [expected]
-    assert batch.sequence.seq_ids.tolist() == [[0] * 16 + [1] * 15 + [-1] * 9]
-    assert batch.sequence.global_cu_seqlens.tolist() == [0, 16, 31]
-    assert batch.model_kwargs["position_ids"].tolist() == [list(range(16)) + list(range(15)) + [0] * 9]
-    assert batch.sample_ids == ("a|b",)
-
-
-@pytest.mark.parametrize(("multiple", "width"), [(1, 16), (12, 24)])
-def test_build_batches_padded_golden(tokenizer_dir: Path, multiple: int, width: int):
-    spec = PuzzletronDataSpec("text", "padded_varlen", 64)
-    batches = build_batches(
-        ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=2, shuffle=False, pad_to_multiple_of=multiple
-    )
-    batch = _only_batch(batches)
-    assert batch.layout is DataLayout.PADDED_VARLEN
-    assert batch.input_ids.tolist() == [IDS_A + [0] * (width - 16), IDS_B + [0] * (width - 15)]
-    assert batch.labels.tolist() == [LABELS_A + [X] * (width - 16), LABELS_B + [X] * (width - 15)]
-    assert batch.model_kwargs["attention_mask"].tolist() == [
-        [1] * 16 + [0] * (width - 16),
-        [1] * 15 + [0] * (width - 15),
-    ]
-    assert batch.sample_ids == ("a", "b")
-
-
-def _fixed_batch(tokenizer_dir: Path, max_sample_length: int) -> PuzzletronBatch:
-    spec = PuzzletronDataSpec("text", "fixed", max_sample_length)
-    return _only_batch(build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=2, shuffle=False))
-
-
-def test_build_batches_fixed_golden_truncates_and_pads_to_max_sample_length(tokenizer_dir: Path):
-    short = _fixed_batch(tokenizer_dir, 12)
-    assert short.layout is DataLayout.FIXED
-    assert short.input_ids.tolist() == [IDS_A[:12], IDS_B[:12]]
-    # Truncated: the kept tokens keep their true targets (the "\n" before the reply still predicts it).
-    assert short.labels.tolist() == [[X] * 11 + [63], [X] * 11 + [53]]
-    long = _fixed_batch(tokenizer_dir, 18)
-    assert long.input_ids.tolist() == [[*IDS_A, 0, 0], [*IDS_B, 0, 0, 0]]
-    assert long.labels.tolist() == [[*LABELS_A, X, X], [*LABELS_B, X, X, X]]
-
-
-def test_build_batches_deals_to_dp_ranks_and_reads_a_snapshot_folder(tokenizer_dir: Path, tmp_path: Path):
-    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "snap" / "train"))
-    spec = PuzzletronDataSpec("text", "fixed", 16)
-    ranks = [
-        build_batches(
-            tmp_path / "snap", tokenizer=tokenizer_dir, spec=spec, batch_size=1, dp_rank=r, dp_size=2, seed=3
-        )
-        for r in range(2)
-    ]
-    assert sorted(b.sample_ids[0] for r in ranks for b in r) == ["a", "b"]
-    assert [b.fingerprint for b in ranks[0].for_rank(1)] == [b.fingerprint for b in ranks[1]]
-    assert [b.fingerprint for b in ranks[0].loader(num_workers=0)] == [b.fingerprint for b in ranks[0]]
-    assert len(load_text_split(tmp_path / "snap")) == 2
-    with pytest.raises(SubsetError, match="does not exist"):
-        load_text_split(tmp_path / "missing")
-
-
-def test_build_batches_rejects_a_multimodal_spec(tokenizer_dir: Path):
-    spec = PuzzletronDataSpec("multimodal", "fixed", 16)
-    with pytest.raises(ValueError, match=r"data\.modality is multimodal"):
-        build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1)
 
 
 def test_rows_of_ragged_columns_are_selected_exactly() -> None:
