@@ -31,10 +31,8 @@ times).
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,15 +41,7 @@ import numpy as np
 
 from puzzletron.dataset._checks import require_positive
 from puzzletron.dataset.config import TokenizeOptions
-from puzzletron.dataset.distributed.collectives import (
-    all_gather,
-    broadcast,
-    describe,
-    process_group,
-    raise_first,
-)
-from puzzletron.dataset.errors import ConfigError, SnapshotError
-from puzzletron.dataset.formats.manifest import MANIFEST
+from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.text_snapshot import TextSplit, open_split
 from puzzletron.dataset.formats.token_store import (
     ShardWriter,
@@ -60,30 +50,12 @@ from puzzletron.dataset.formats.token_store import (
     read_shard_record,
     token_dtype,
 )
-from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked, staging_dir
-from puzzletron.dataset.tokenize._workers import map_tasks
+from puzzletron.dataset.storage.atomic import staging_dir
+from puzzletron.dataset.tokenize._builder import ShardedBuild, run_build
 from puzzletron.dataset.tokenize.conversations import load_tokenizer, pad_token_id, select_rows, tokenize_rows
-from puzzletron.dataset.tokenize.identity import identity_differences, identity_sha256, store_identity
+from puzzletron.dataset.tokenize.identity import identity_sha256, store_identity
 
 __all__ = ["build_token_store"]
-
-
-@dataclass(frozen=True)
-class _Build:
-    """One store build: what every shard task needs (picklable: the tokenizer travels as a path when it is
-    one) and the identity, hashed once."""
-
-    split: TextSplit
-    dest: Path
-    identity: dict[str, Any]
-    digest: str  # identity_sha256(identity)
-    tokenizer: Any
-    options: TokenizeOptions
-    batch_size: int
-
-    @property
-    def build_dir(self) -> Path:
-        return self.dest.parent / f".{self.dest.name}.build-{self.digest[:16]}"
 
 
 @dataclass(frozen=True)
@@ -99,30 +71,40 @@ class _Facts:
         return token_dtype(self.vocab_size)
 
 
-def _shards(build: _Build, facts: _Facts) -> int:
-    return -(-facts.rows // build.options.rows_per_shard)
+@dataclass(frozen=True)
+class _Build(ShardedBuild):
+    """One token store build: what every shard task needs (picklable: the tokenizer travels as a path when
+    it is one) and the identity, hashed once."""
 
+    split: TextSplit
+    dest: Path
+    identity: dict[str, Any]
+    digest: str  # identity_sha256(identity)
+    tokenizer: Any
+    options: TokenizeOptions
+    batch_size: int
+    what: str = "token store"
 
-def _rows_of(build: _Build, facts: _Facts, shard: int) -> tuple[int, int]:
-    start = shard * build.options.rows_per_shard
-    return start, min(start + build.options.rows_per_shard, facts.rows)
+    def complete(self) -> dict[str, Any]:
+        return read_complete_manifest(self.dest)
 
+    def prepare(self) -> _Facts:
+        tok = load_tokenizer(self.tokenizer)
+        return _Facts(rows=len(self.split.load()), vocab_size=len(tok), pad_token_id=pad_token_id(tok))
 
-def _shard_dir(build: _Build, shard: int) -> Path:
-    return build.build_dir / f"shard-{shard:06d}"
+    def shard_rows(self, facts: _Facts) -> list[tuple[int, int]]:
+        per = self.options.rows_per_shard
+        return [(a, min(a + per, facts.rows)) for a in range(0, facts.rows, per)]
 
+    def shard_record(self, directory: Path, rows: tuple[int, int]) -> dict[str, Any] | None:
+        return read_shard_record(directory, rows)
 
-def _build_shard(context: tuple[_Build, _Facts], shard: int) -> dict[str, Any]:
-    """Tokenise shard `shard` into a temporary directory, rename it complete; return its record."""
-    build, facts = context
-    start, stop = _rows_of(build, facts, shard)
-    tmp = build.build_dir / f"tmp-{shard:06d}-{secrets.token_hex(8)}"
-    tmp.mkdir()
-    try:
-        writer = ShardWriter(tmp, facts.dtype)
+    def write_shard(self, facts: _Facts, shard: int, directory: Path) -> dict[str, Any]:
+        start, stop = self.shard_rows(facts)[shard]
+        writer = ShardWriter(directory, facts.dtype)
         parts = tokenize_rows(
-            build.split.load(), start, stop, tokenizer=build.tokenizer, options=build.options,
-            batch_size=build.batch_size,
+            self.split.load(), start, stop, tokenizer=self.tokenizer, options=self.options,
+            batch_size=self.batch_size,
         )  # fmt: skip
         for part in parts:
             supervised = part.supervised
@@ -130,165 +112,25 @@ def _build_shard(context: tuple[_Build, _Facts], shard: int) -> dict[str, Any]:
                 (part.input_ids, part.mask), part.offsets, np.flatnonzero(supervised)
             )
             writer.add(ids, mask, np.diff(offsets), part.sample_ids, supervised=supervised)
-        record = writer.finish(rows=(start, stop))
-        fsync_tree(tmp)
-        os.rename(tmp, _shard_dir(build, shard))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_path(build.build_dir, directory=True)
-    return record
+        return writer.finish(rows=(start, stop))
 
+    def publish(self, facts: _Facts) -> None:
+        records = self.finished_records(facts)
+        import tokenizers
+        import transformers
 
-def _build_shards(
-    build: _Build,
-    facts: _Facts,
-    shards: Sequence[int],
-    *,
-    num_proc: int,
-    progress: Callable[[int, int], None] | None,
-) -> None:
-    """Build the shards of `shards` that are not finished yet, `num_proc` processes at a time."""
-    todo, done = [], 0
-    for k in shards:
-        rows = _rows_of(build, facts, k)
-        if read_shard_record(_shard_dir(build, k), rows) is None:
-            shutil.rmtree(_shard_dir(build, k), ignore_errors=True)  # a damaged finished shard: build again
-            todo.append(k)
-        else:
-            done += rows[1] - rows[0]
-    total = done + sum(_rows_of(build, facts, k)[1] - _rows_of(build, facts, k)[0] for k in todo)
-    if progress is not None:
-        progress(done, total)
-    for k, _ in zip(todo, map_tasks(_build_shard, (build, facts), todo, num_proc=num_proc), strict=True):
-        done += _rows_of(build, facts, k)[1] - _rows_of(build, facts, k)[0]
-        if progress is not None:
-            progress(done, total)
-
-
-def _build_dirs(dest: Path) -> list[Path]:
-    return sorted(dest.parent.glob(f".{dest.name}.build-*")) if dest.parent.is_dir() else []
-
-
-def _sweep(dest: Path, *, keep: Path | None = None) -> None:
-    """Remove the build directories of `dest` but `keep` (hold `locked(dest)`), and `keep`'s temporary
-    shards: only a lock holder creates either, so any found now is stale."""
-    for directory in _build_dirs(dest):
-        if directory != keep:
-            shutil.rmtree(directory, ignore_errors=True)
-    if keep is not None:
-        for entry in keep.glob("tmp-*"):
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def _reusable(build: _Build) -> bool:
-    """True when the destination holds a complete store of this identity; False when it holds nothing;
-    else an error."""
-    dest = build.dest
-    if not (dest / MANIFEST).is_file():
-        if dest.is_dir() and any(dest.iterdir()):
-            raise SnapshotError(f"{dest}: directory is not empty and holds no token store ({MANIFEST})")
-        return False
-    recorded = read_complete_manifest(dest).get("identity")
-    if recorded != build.identity:
-        differences = identity_differences(recorded, build.identity)
-        raise SnapshotError(
-            f"{dest}: the existing token store was built from another identity (existing vs requested: "
-            f"{'; '.join(differences[:4])}{'; ...' if len(differences) > 4 else ''}); "
-            "choose another output directory or delete this one"
-        )
-    return True
-
-
-def _prepare(build: _Build) -> _Facts:
-    """Under the lock: the build directory (created, swept) and the facts every rank builds with."""
-    _sweep(build.dest, keep=build.build_dir)
-    build.build_dir.mkdir(exist_ok=True)
-    tok = load_tokenizer(build.tokenizer)
-    return _Facts(rows=len(build.split.load()), vocab_size=len(tok), pad_token_id=pad_token_id(tok))
-
-
-def _publish(build: _Build, facts: _Facts) -> None:
-    """Assemble the finished shards into a transaction directory and publish it (hold `locked(dest)`)."""
-    shards = range(_shards(build, facts))
-    records = [read_shard_record(_shard_dir(build, k), _rows_of(build, facts, k)) for k in shards]
-    missing = [k for k, record in enumerate(records) if record is None]
-    if missing:
-        raise SnapshotError(
-            f"{build.build_dir}: shards {missing[:8]} are missing after every rank built its own; is the "
-            "build directory on a file system every rank shares?"
-        )
-    import tokenizers
-    import transformers
-
-    fields = {
-        "identity": build.identity,
-        "identity_sha256": build.digest,
-        "token_dtype": facts.dtype,
-        "vocab_size": facts.vocab_size,
-        "pad_token_id": facts.pad_token_id,
-        "rows_per_shard": build.options.rows_per_shard,
-        "built_with": {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__},
-    }
-    with staging_dir(build.dest) as tmp:
-        assemble_store(tmp, [_shard_dir(build, k) for k in shards], records, fields=fields)
-    shutil.rmtree(build.build_dir, ignore_errors=True)
-
-
-def _build_here(build: _Build, num_proc: int, progress: Any) -> None:
-    if _reusable(build) and not _build_dirs(build.dest):
-        return
-    with locked(build.dest):
-        if _reusable(build):
-            _sweep(build.dest)  # a run killed after publishing left its build directory
-            return
-        facts = _prepare(build)
-        _build_shards(build, facts, range(_shards(build, facts)), num_proc=num_proc, progress=progress)
-        _publish(build, facts)
-
-
-def _build_with_ranks(dist: Any, build: _Build, num_proc: int, progress: Any) -> None:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    digests = all_gather(dist, build.digest)
-    if len(set(digests)) != 1:
-        raise ConfigError(
-            f"the ranks ask for different token stores (identity hashes {sorted(set(digests))})"
-        )
-    with ExitStack() as lock:
-        own: BaseException | None = None
-        facts: _Facts | None = None
-        if rank == 0:
-            try:
-                lock.enter_context(locked(build.dest))
-                if _reusable(build):
-                    _sweep(build.dest)
-                else:
-                    facts = _prepare(build)
-            except Exception as exc:
-                own = exc
-        facts, failed = broadcast(dist, (facts, describe(own)))
-        raise_first([failed], own, "preparing the token store", error=SnapshotError)
-        if facts is not None:
-            try:
-                mine = [k for k in range(_shards(build, facts)) if k % world == rank]
-                _build_shards(build, facts, mine, num_proc=num_proc, progress=progress)
-            except Exception as exc:
-                own = exc
-            errors = all_gather(dist, describe(own))
-            raise_first(errors, own, "building its shards", error=SnapshotError)
-            if rank == 0:
-                try:
-                    _publish(build, facts)
-                except Exception as exc:
-                    own = exc
-            published = broadcast(dist, describe(own))
-            raise_first([published], own, "publishing the token store", error=SnapshotError)
-    try:
-        read_complete_manifest(build.dest)
-    except SnapshotError as exc:
-        raise SnapshotError(
-            f"rank {rank}: the token store rank 0 published is not visible here ({exc})"
-        ) from exc
+        fields = {
+            "identity": self.identity,
+            "identity_sha256": self.digest,
+            "token_dtype": facts.dtype,
+            "vocab_size": facts.vocab_size,
+            "pad_token_id": facts.pad_token_id,
+            "rows_per_shard": self.options.rows_per_shard,
+            "built_with": {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__},
+        }
+        with staging_dir(self.dest) as tmp:
+            assemble_store(tmp, [self.shard_dir(k) for k in range(len(records))], records, fields=fields)
+        shutil.rmtree(self.build_dir, ignore_errors=True)
 
 
 def build_token_store(
@@ -330,9 +172,4 @@ def build_token_store(
         options=options,
         batch_size=batch_size,
     )
-    dist = process_group()
-    if dist is None:
-        _build_here(build, num_proc, progress)
-    else:
-        _build_with_ranks(dist, build, num_proc, progress)
-    return dest
+    return run_build(build, num_proc=num_proc, progress=progress)

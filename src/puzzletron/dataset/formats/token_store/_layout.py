@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 
 from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.formats.binary import memmap_array
 from puzzletron.dataset.formats.manifest import MANIFEST, check_file, load_json
+from puzzletron.dataset.formats.shards import mask_name, tokens_name
 
 __all__ = [
     "IDS_BIN",
@@ -47,16 +49,6 @@ SKIPPED_BIN = "skipped/ids.bin"  # ids of the rows without a supervised token
 SKIPPED_OFFSETS = "skipped/ids.i64"  # [skipped + 1] int64
 
 
-def tokens_name(shard: int) -> str:
-    """The token file of shard `shard` (its samples' ids, little-endian ``token_dtype``)."""
-    return f"shards/{shard:06d}.tokens"
-
-
-def mask_name(shard: int) -> str:
-    """The mask file of shard `shard` (one bit a token, ``np.packbits(bitorder="little")``)."""
-    return f"shards/{shard:06d}.mask"
-
-
 def token_dtype(vocab_size: int) -> str:
     """The smallest unsigned dtype holding ids ``[0, vocab_size)`` (stored little-endian).
 
@@ -68,15 +60,6 @@ def token_dtype(vocab_size: int) -> str:
     if vocab_size <= 1 << 32:
         return "uint32"
     raise SnapshotError(f"a vocabulary of {vocab_size} ids does not fit in uint32")
-
-
-def memmap_array(path: Path, dtype: str, count: int) -> np.ndarray:
-    """A read-only ``[count]`` view of the file (a memmap; numpy cannot map an empty file)."""
-    if count == 0:
-        empty = np.zeros(0, dtype)
-        empty.setflags(write=False)
-        return empty
-    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
 
 
 def _count(manifest: Mapping[str, Any], key: str, where: Path) -> int:

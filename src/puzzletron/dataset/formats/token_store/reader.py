@@ -20,16 +20,16 @@ tokens it has read.
 from __future__ import annotations
 
 import contextlib
-import os
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from puzzletron.dataset.errors import ConfigError, SnapshotError
+from puzzletron.dataset.errors import ConfigError
+from puzzletron.dataset.formats.binary import memmap_array, pread_into, read_strings
 from puzzletron.dataset.formats.manifest import MANIFEST
+from puzzletron.dataset.formats.shards import TokenShards, check_tiling
 from puzzletron.dataset.formats.token_store._layout import (
     IDS_BIN,
     IDS_OFFSETS,
@@ -39,49 +39,10 @@ from puzzletron.dataset.formats.token_store._layout import (
     SKIPPED_OFFSETS,
     TOKEN_STORE_FORMAT,
     TOKEN_STORE_VERSION,
-    mask_name,
-    memmap_array,
     read_complete_manifest,
-    tokens_name,
 )
 
 __all__ = ["TOKEN_STORE_FORMAT", "TOKEN_STORE_VERSION", "TokenStore", "pread_into", "read_strings"]
-
-_MAX_OPEN_SHARDS = 64  # file descriptors kept open (two a shard), least recently used closed first
-
-
-def pread_into(fd: int, out: np.ndarray, offset: int, where: str) -> None:
-    """Fill the contiguous uint8 array `out` from byte `offset` of `fd`; `SnapshotError` on a short file."""
-    view, done = memoryview(out).cast("B"), 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise SnapshotError(f"{where}: ends at byte {offset + done}; {len(view) - done} more expected")
-        done += got
-
-
-def read_strings(path: Path, offsets: np.ndarray, indices: np.ndarray) -> list[str]:
-    """Strings `indices` of a strings file (UTF-8 bytes cut by int64 `offsets` ``[m + 1]``)."""
-    if not len(indices):
-        return []
-    begin, end = offsets[indices], offsets[np.asarray(indices) + 1]
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        out = []
-        for a, b in zip(begin.tolist(), end.tolist(), strict=True):  # one read a string
-            buf = np.empty(b - a, np.uint8)
-            pread_into(fd, buf, a, str(path))
-            out.append(buf.tobytes().decode("utf-8"))
-        return out
-    finally:
-        os.close(fd)
-
-
-def _ragged_arange(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concat(arange(s, s + n) for s, n in zip(starts, lengths))``, vectorised."""
-    total = int(lengths.sum())
-    ends = np.cumsum(lengths)
-    return np.repeat(starts - (ends - lengths), lengths) + np.arange(total, dtype=np.int64)
 
 
 class TokenStore:
@@ -104,18 +65,14 @@ class TokenStore:
         self.skipped: int = counts["skipped"]
         self.pad_token_id: int = int(self.manifest["pad_token_id"])
         self._n: int = counts["samples"]
-        self._dtype = np.dtype(self.manifest["token_dtype"]).newbyteorder("<")
-        self._vocab = int(self.manifest["vocab_size"])
         shards = self.manifest["shards"]
-        self._bounds = np.asarray([s["tokens"][0] for s in shards] + [self.num_tokens], dtype=np.int64)
-        if shards and (self._bounds[0] != 0 or np.any(np.diff(self._bounds) < 0)):
-            raise SnapshotError(
-                f"{self.path / MANIFEST}: shard token ranges do not tile [0, {self.num_tokens})"
-            )
+        bounds = np.asarray([s["tokens"][0] for s in shards] + [self.num_tokens], dtype=np.int64)
+        check_tiling(bounds, self.num_tokens, lambda: str(self.path / MANIFEST))
+        dtype, vocab = self.manifest["token_dtype"], int(self.manifest["vocab_size"])
+        self._shards = TokenShards(self.path, bounds, dtype, vocab)
         self._reset()
 
     def _reset(self) -> None:
-        self._fds: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self._arrays: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
@@ -151,73 +108,18 @@ class TokenStore:
         offsets = memmap_array(self.path / SKIPPED_OFFSETS, "<i8", self.skipped + 1)
         return read_strings(self.path / SKIPPED_BIN, offsets, np.arange(self.skipped))
 
-    def _shard_fds(self, shard: int) -> tuple[int, int]:
-        fds = self._fds.get(shard)
-        if fds is not None:
-            self._fds.move_to_end(shard)
-            return fds
-        flags = os.O_RDONLY | os.O_CLOEXEC
-        tokens = os.open(self.path / tokens_name(shard), flags)
-        try:
-            fds = (tokens, os.open(self.path / mask_name(shard), flags))
-        except BaseException:
-            os.close(tokens)
-            raise
-        self._fds[shard] = fds
-        if len(self._fds) > _MAX_OPEN_SHARDS:
-            for fd in self._fds.popitem(last=False)[1]:
-                os.close(fd)
-        return fds
-
     def read(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global token ranges ``[starts[i], stops[i])`` concatenated: ``(ids int64 [sum], mask bool [sum])``.
 
         Ranges may be empty and may cross shards. One positional read per range and shard (tokens and
-        mask bits), straight into the result: nothing stays mapped, no per-token Python loop.
+        mask bits), straight into the result: nothing stays mapped, no per-token Python loop
+        (`puzzletron.dataset.formats.shards.TokenShards`).
         """
-        starts = np.asarray(starts, dtype=np.int64).reshape(-1)
-        stops = np.asarray(stops, dtype=np.int64).reshape(-1)
-        if starts.shape != stops.shape:
-            raise ConfigError(f"starts and stops differ in length ({starts.size} vs {stops.size})")
-        if starts.size and (starts.min() < 0 or stops.max() > self.num_tokens or np.any(stops < starts)):
-            raise ConfigError(f"token ranges must satisfy 0 <= start <= stop <= {self.num_tokens}")
-        keep = stops > starts
-        starts, stops = starts[keep], stops[keep]
-        first = np.searchsorted(self._bounds, starts, side="right") - 1
-        last = np.searchsorted(self._bounds, stops - 1, side="right") - 1
-        # one piece per (range, shard it touches), in output order
-        shard = _ragged_arange(first, last - first + 1)
-        owner = np.repeat(np.arange(starts.size), last - first + 1)
-        local_a = np.maximum(starts[owner], self._bounds[shard]) - self._bounds[shard]
-        local_b = np.minimum(stops[owner], self._bounds[shard + 1]) - self._bounds[shard]
-        sizes = local_b - local_a
-        out = np.zeros(sizes.size + 1, dtype=np.int64)
-        np.cumsum(sizes, out=out[1:])
-        byte_a, byte_b = local_a // 8, (local_b + 7) // 8
-        bits_at = np.zeros(sizes.size + 1, dtype=np.int64)
-        np.cumsum(byte_b - byte_a, out=bits_at[1:])
-        raw = np.empty(int(out[-1]) * self._dtype.itemsize, dtype=np.uint8)
-        packed = np.empty(int(bits_at[-1]), dtype=np.uint8)
-        width = self._dtype.itemsize
-        for j, k in enumerate(shard.tolist()):  # one read a piece: per sample, never per token
-            fd_tokens, fd_mask = self._shard_fds(k)
-            where = f"{self.path}: shard {k}"
-            pread_into(fd_tokens, raw[out[j] * width : out[j + 1] * width], int(local_a[j]) * width, where)
-            pread_into(fd_mask, packed[bits_at[j] : bits_at[j + 1]], int(byte_a[j]), where)
-        ids = raw.view(self._dtype).astype(np.int64)
-        if ids.size and int(ids.max()) >= self._vocab:  # a damaged shard (same size: verify hashes it)
-            raise SnapshotError(
-                f"{self.path}: token id {int(ids.max())} outside the vocabulary ({self._vocab})"
-            )
-        bits = np.unpackbits(packed, bitorder="little")
-        mask = bits[_ragged_arange(bits_at[:-1] * 8 + local_a % 8, sizes)].astype(bool)
-        return ids, mask
+        return self._shards.read(starts, stops)
 
     def close(self) -> None:
         """Close the open shard files and drop the index maps (the store stays usable: they reopen)."""
-        while self._fds:
-            for fd in self._fds.popitem()[1]:
-                os.close(fd)
+        self._shards.close()
         self._arrays.clear()
 
     def __enter__(self) -> TokenStore:
@@ -227,9 +129,7 @@ class TokenStore:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_fds"], state["_arrays"] = OrderedDict(), {}
-        return state
+        return {**self.__dict__, "_arrays": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

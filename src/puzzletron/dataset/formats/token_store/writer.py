@@ -3,17 +3,16 @@ the store from its finished shards (`assemble_store`: shard files linked in, the
 manifest written last).
 
 The format: ``docs/token-store-format.md``. A shard's build directory holds its token and mask files (they
-become ``shards/<k>.tokens`` / ``.mask`` of the store), its part of the index (``lengths.u32``, ``ids.bin``
-/ ``ids.i64``, ``skipped.bin`` / ``skipped.i64``, in the store's encodings with offsets from 0) and
-``record.json`` (counts, and the size and SHA-256 of the token and mask files, hashed while written).
-Nothing here is random or dated: the same rows and tokenizer give the same bytes.
+become ``shards/<k>.tokens`` / ``.mask`` of the store), its part of the index (``offsets.i64``,
+``lengths.u32``, ``ids.bin`` / ``ids.i64``, ``skipped.bin`` / ``skipped.i64``, in the store's encodings with
+offsets from 0) and ``record.json`` (counts, and the size and SHA-256 of the token and mask files, hashed
+while written). The shared machinery is `puzzletron.dataset.formats.shards`. Nothing here is random or
+dated: the same rows and tokenizer give the same bytes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,59 +20,44 @@ from typing import Any
 import numpy as np
 
 from puzzletron.dataset.errors import SnapshotError
-from puzzletron.dataset.formats.manifest import MANIFEST, load_json
+from puzzletron.dataset.formats.binary import encode_strings
+from puzzletron.dataset.formats.manifest import MANIFEST
+from puzzletron.dataset.formats.shards import (
+    RECORD,
+    IndexPart,
+    TokenShardWriter,
+    assemble_index,
+    link_shard_files,
+    write_part,
+    write_record,
+)
+from puzzletron.dataset.formats.shards import read_shard_record as _read_record
 from puzzletron.dataset.formats.token_store import _layout as layout
 
-__all__ = ["RECORD", "ShardWriter", "assemble_store", "read_shard_record"]
+__all__ = ["INDEX_PARTS", "RECORD", "ShardWriter", "assemble_store", "read_shard_record"]
 
-RECORD = "record.json"  # a finished shard's record, in its build directory
-_PARTS = ("tokens", "mask", "lengths.u32", "ids.bin", "ids.i64", "skipped.bin", "skipped.i64")
-_CHUNK = 1 << 24
-
-
-class _HashingFile:
-    """A binary file written once, front to back, hashed (SHA-256) and counted as it is written."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fh = open(path, "wb")  # noqa: SIM115 (closed by `close`)
-        self._digest = hashlib.sha256()
-        self.bytes = 0
-
-    def write(self, data: bytes | np.ndarray) -> None:
-        view = memoryview(data).cast("B")
-        self._fh.write(view)
-        self._digest.update(view)
-        self.bytes += len(view)
-
-    def close(self) -> dict[str, Any]:
-        """Close (the caller fsyncs the directory before renaming it); the file's ``{bytes, sha256}``."""
-        self._fh.close()
-        return {"bytes": self.bytes, "sha256": self._digest.hexdigest()}
-
-
-def _encode(strings: Sequence[str]) -> tuple[bytes, np.ndarray]:
-    """UTF-8 bytes of `strings` concatenated, and their int64 offsets ``[m + 1]`` from 0."""
-    encoded = [s.encode("utf-8") for s in strings]
-    offsets = np.zeros(len(encoded) + 1, dtype="<i8")
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    return b"".join(encoded), offsets
+# The index of a token store, part by part (docs/token-store-format.md).
+INDEX_PARTS = (
+    IndexPart("offsets.i64", layout.OFFSETS, offsets=True),
+    IndexPart("lengths.u32", layout.LENGTHS),
+    IndexPart("ids.bin", layout.IDS_BIN),
+    IndexPart("ids.i64", layout.IDS_OFFSETS, offsets=True),
+    IndexPart("skipped.bin", layout.SKIPPED_BIN),
+    IndexPart("skipped.i64", layout.SKIPPED_OFFSETS, offsets=True),
+)
 
 
 class ShardWriter:
     """The files of one shard, written into its (empty) build directory as batches of rows arrive.
 
-    ``add`` takes a batch's flat ids / mask / offsets and which rows to keep; kept rows' tokens (as
-    `dtype`, little-endian) and mask bits go straight to disk (at most 7 bits wait for the next batch),
-    their lengths and ids stay in memory until `finish` (``rows_per_shard`` entries at most).
+    ``add`` takes a batch's flat ids / mask / offsets and which rows to keep; kept rows' tokens and mask
+    bits go straight to disk (`TokenShardWriter`), their lengths and ids stay in memory until `finish`
+    (``rows_per_shard`` entries at most).
     """
 
     def __init__(self, directory: Path, dtype: str) -> None:
         self.directory = Path(directory)
-        self._dtype = np.dtype(dtype).newbyteorder("<")
-        self._tokens = _HashingFile(self.directory / "tokens")
-        self._mask = _HashingFile(self.directory / "mask")
-        self._carry = np.zeros(0, dtype=bool)
+        self._shard = TokenShardWriter(self.directory, dtype)
         self._lengths: list[np.ndarray] = []
         self._ids: list[str] = []
         self._skipped: list[str] = []
@@ -90,79 +74,42 @@ class ShardWriter:
     ) -> None:
         """Append the rows with ``supervised > 0``: flat ``input_ids`` / ``mask`` ``[N]`` of those rows,
         their ``lengths``, and every row's id and ``supervised`` count (rows with 0 are recorded skipped)."""
-        keep = supervised > 0
-        if input_ids.size and int(input_ids.max()) > np.iinfo(self._dtype).max:
-            raise SnapshotError(
-                f"token id {int(input_ids.max())} does not fit the store's {self._dtype.name}"
-            )
-        self._tokens.write(np.ascontiguousarray(input_ids, dtype=self._dtype))
-        bits = np.concatenate([self._carry, np.asarray(mask, dtype=bool)])
-        whole = bits.size - bits.size % 8
-        self._mask.write(np.packbits(bits[:whole], bitorder="little"))
-        self._carry = bits[whole:]
+        keep = (supervised > 0).tolist()
+        self._shard.add(input_ids, mask)
         self._lengths.append(np.asarray(lengths, dtype="<u4"))
-        self._ids += [s for s, k in zip(sample_ids, keep.tolist(), strict=True) if k]
-        self._skipped += [s for s, k in zip(sample_ids, keep.tolist(), strict=True) if not k]
+        self._ids += [s for s, k in zip(sample_ids, keep, strict=True) if k]
+        self._skipped += [s for s, k in zip(sample_ids, keep, strict=True) if not k]
         self._supervised += int(supervised.sum())
 
     def finish(self, *, rows: tuple[int, int]) -> dict[str, Any]:
         """Write the rest (last mask bits, index parts, ``record.json``); return the record. The caller
-        fsyncs the directory (`_atomic.fsync_tree`) before renaming it complete."""
-        self._mask.write(np.packbits(self._carry, bitorder="little"))
-        files = {"tokens": self._tokens.close(), "mask": self._mask.close()}
+        fsyncs the directory before renaming it complete."""
+        files = self._shard.finish()
         lengths = np.concatenate([np.zeros(0, "<u4"), *self._lengths])
-        for name, data in (
-            ("lengths.u32", lengths.tobytes()),
-            *zip(("ids.bin", "ids.i64"), _encode(self._ids), strict=True),
-            *zip(("skipped.bin", "skipped.i64"), _encode(self._skipped), strict=True),
-        ):
-            part = _HashingFile(self.directory / name)
-            part.write(data)
-            part.close()
+        offsets = np.zeros(lengths.size + 1, "<i8")
+        np.cumsum(lengths, out=offsets[1:])
+        write_part(self.directory, "offsets.i64", offsets)
+        write_part(self.directory, "lengths.u32", lengths)
+        for name, strings in (("ids", self._ids), ("skipped", self._skipped)):
+            data, string_offsets = encode_strings(strings)
+            write_part(self.directory, f"{name}.bin", data)
+            write_part(self.directory, f"{name}.i64", string_offsets)
         record = {
             "rows": list(rows),
             "samples": len(self._ids),
             "skipped": len(self._skipped),
-            "tokens": int(lengths.sum(dtype=np.int64)),
+            "tokens": int(offsets[-1]),
             "supervised_tokens": self._supervised,
             "files": files,
         }
-        part = _HashingFile(self.directory / RECORD)
-        part.write(json.dumps(record, sort_keys=True).encode())
-        part.close()
+        write_record(self.directory, record)
         return record
 
 
 def read_shard_record(directory: Path, rows: tuple[int, int]) -> dict[str, Any] | None:
     """The record of the finished shard in `directory` when it covers `rows` and its files are there with
     their sizes; None otherwise (then the shard is built again)."""
-    try:
-        record = load_json(directory / RECORD, "the shard record")
-    except SnapshotError:
-        return None
-    if not isinstance(record, dict) or record.get("rows") != list(rows):
-        return None
-    sizes = record.get("files", {})
-    for name in _PARTS:
-        path = directory / name
-        if not path.is_file() or (name in sizes and path.stat().st_size != sizes[name].get("bytes")):
-            return None
-    return record
-
-
-def _link(source: Path, target: Path) -> None:
-    """Hard-link `source` as `target` (the shard stays in the build directory until publication); a file
-    system without hard links moves it instead."""
-    try:
-        os.link(source, target)
-    except OSError:
-        os.replace(source, target)
-
-
-def _append_file(out: _HashingFile, source: Path) -> None:
-    with open(source, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            out.write(chunk)
+    return _read_record(directory, rows, [p.part for p in INDEX_PARTS])
 
 
 def assemble_store(
@@ -173,36 +120,14 @@ def assemble_store(
     ``identity_sha256``, ``token_dtype``, ``vocab_size``, ``pad_token_id``, ``rows_per_shard``,
     ``built_with``). The index is written shard by shard (memory: one shard's index). Returns the manifest,
     written last."""
-    for rel in (layout.OFFSETS, layout.SKIPPED_OFFSETS, layout.tokens_name(0)):
-        (tmp / rel).parent.mkdir(exist_ok=True)
-    out = {
-        rel: _HashingFile(tmp / rel)
-        for rel in (layout.OFFSETS, layout.LENGTHS, layout.IDS_BIN, layout.IDS_OFFSETS)
-    }
-    out |= {rel: _HashingFile(tmp / rel) for rel in (layout.SKIPPED_BIN, layout.SKIPPED_OFFSETS)}
-    zero = np.zeros(1, "<i8")
-    for rel in (layout.OFFSETS, layout.IDS_OFFSETS, layout.SKIPPED_OFFSETS):
-        out[rel].write(zero)
-    files, shards = [], []
-    tokens, samples = 0, 0
-    string_bases = {layout.IDS_OFFSETS: 0, layout.SKIPPED_OFFSETS: 0}
-    for k, (directory, record) in enumerate(zip(shard_dirs, records, strict=True)):
+    for directory, record in zip(shard_dirs, records, strict=True):
         lengths = np.fromfile(directory / "lengths.u32", dtype="<u4")
         if lengths.size != record["samples"] or int(lengths.sum(dtype=np.int64)) != record["tokens"]:
             raise SnapshotError(f"{directory}: the shard's lengths do not match its record; rebuild it")
-        out[layout.LENGTHS].write(lengths)
-        out[layout.OFFSETS].write(tokens + np.cumsum(lengths, dtype="<i8"))
-        for rel, name, strings in (
-            (layout.IDS_OFFSETS, "ids", layout.IDS_BIN),
-            (layout.SKIPPED_OFFSETS, "skipped", layout.SKIPPED_BIN),
-        ):
-            offsets = np.fromfile(directory / f"{name}.i64", dtype="<i8")
-            out[rel].write(string_bases[rel] + offsets[1:])
-            string_bases[rel] += int(offsets[-1])
-            _append_file(out[strings], directory / f"{name}.bin")
-        for part, rel in (("tokens", layout.tokens_name(k)), ("mask", layout.mask_name(k))):
-            _link(directory / part, tmp / rel)
-            files.append({"path": rel, **record["files"][part]})
+    files = link_shard_files(tmp, shard_dirs, records)
+    files += assemble_index(tmp, shard_dirs, INDEX_PARTS)
+    shards, tokens, samples = [], 0, 0
+    for record in records:
         shard = {
             "rows": record["rows"],
             "samples": [samples, samples + record["samples"]],
@@ -210,7 +135,6 @@ def assemble_store(
         }
         shards.append(shard)
         samples, tokens = shard["samples"][1], shard["tokens"][1]
-    files += [{"path": rel, **writer.close()} for rel, writer in out.items()]
     manifest = {
         **fields,
         "format": layout.TOKEN_STORE_FORMAT,

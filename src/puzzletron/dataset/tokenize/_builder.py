@@ -1,0 +1,245 @@
+"""The one sharded-store builder: lock, build directory, shards in processes or on every rank, atomic
+publication, reuse. The token store (`store`) and the VLM store (`vlm_store`) are two `ShardedBuild`s.
+
+A `ShardedBuild` says what is format-specific: the facts rank 0 learns under the lock (`prepare`), how many
+shards and which rows each covers, how one shard is written into an empty directory (`write_shard`), how a
+finished shard's record is read back (`shard_record`), how the finished shards become a store in a
+transaction directory (`publish`), and what a complete store is (`complete`). Everything else is here,
+once::
+
+    dest/..  .<name>.lock                 flock: one builder per destination
+             .<name>.build-<hash>/        shard-<k>/ (finished), tmp-<k>-<random>/ (being written)
+             .<name>.txn-...              the transaction `publish` fills and renames to <name>
+
+A build killed at any point publishes nothing; the rerun keeps the finished shards of its identity, builds
+only the missing ones and sweeps the debris. With `torch.distributed` initialised the call is collective:
+rank 0 takes the lock and prepares, rank ``r`` builds shards ``k % world == r``, rank 0 publishes; a failure
+on any rank raises on every rank, naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from puzzletron.dataset.distributed.collectives import (
+    all_gather,
+    broadcast,
+    describe,
+    process_group,
+    raise_first,
+)
+from puzzletron.dataset.errors import ConfigError, SnapshotError
+from puzzletron.dataset.formats.manifest import MANIFEST
+from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked
+from puzzletron.dataset.tokenize._workers import map_tasks
+from puzzletron.dataset.tokenize.identity import identity_differences
+
+__all__ = ["ShardedBuild", "run_build"]
+
+
+class ShardedBuild(ABC):
+    """One store build (picklable: worker processes receive it). Subclasses set ``dest``, ``identity``,
+    ``digest`` (its SHA-256) and ``what`` (``"token store"``) and implement the format's steps."""
+
+    dest: Path
+    identity: dict[str, Any]
+    digest: str
+    what: str
+
+    @property
+    def build_dir(self) -> Path:
+        return self.dest.parent / f".{self.dest.name}.build-{self.digest[:16]}"
+
+    def shard_dir(self, shard: int) -> Path:
+        return self.build_dir / f"shard-{shard:06d}"
+
+    @abstractmethod
+    def complete(self) -> dict[str, Any]:
+        """The manifest of the complete store at ``dest``; `SnapshotError` otherwise."""
+
+    @abstractmethod
+    def prepare(self) -> Any:
+        """Under the lock, after the build directory exists: the facts every rank builds with."""
+
+    @abstractmethod
+    def shard_rows(self, facts: Any) -> list[tuple[int, int]]:
+        """The row range of every shard."""
+
+    @abstractmethod
+    def write_shard(self, facts: Any, shard: int, directory: Path) -> dict[str, Any]:
+        """Write shard ``shard`` into the empty ``directory``; its record (written last)."""
+
+    @abstractmethod
+    def shard_record(self, directory: Path, rows: tuple[int, int]) -> dict[str, Any] | None:
+        """The record of a finished shard covering ``rows``, or None (then it is built again)."""
+
+    @abstractmethod
+    def publish(self, facts: Any) -> None:
+        """Assemble the finished shards into ``dest`` (hold the lock); remove the build directory."""
+
+    def finished_records(self, facts: Any) -> list[dict[str, Any]]:
+        """Every shard's record, in order; `SnapshotError` naming the missing ones."""
+        rows = self.shard_rows(facts)
+        records = [self.shard_record(self.shard_dir(k), r) for k, r in enumerate(rows)]
+        missing = [k for k, record in enumerate(records) if record is None]
+        if missing:
+            raise SnapshotError(
+                f"{self.build_dir}: shards {missing[:8]} are missing after every rank built its own; is the "
+                "build directory on a file system every rank shares?"
+            )
+        return records  # type: ignore[return-value]
+
+
+def _build_shard(context: tuple[ShardedBuild, Any], shard: int) -> dict[str, Any]:
+    """Write shard `shard` into a temporary directory, rename it complete; return its record."""
+    build, facts = context
+    tmp = build.build_dir / f"tmp-{shard:06d}-{secrets.token_hex(8)}"
+    tmp.mkdir()
+    try:
+        record = build.write_shard(facts, shard, tmp)
+        fsync_tree(tmp)
+        os.rename(tmp, build.shard_dir(shard))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_path(build.build_dir, directory=True)
+    return record
+
+
+def _build_shards(
+    build: ShardedBuild,
+    facts: Any,
+    shards: Sequence[int],
+    *,
+    num_proc: int,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Build the shards of `shards` that are not finished yet, `num_proc` processes at a time."""
+    rows = build.shard_rows(facts)
+    todo, done = [], 0
+    for k in shards:
+        if build.shard_record(build.shard_dir(k), rows[k]) is None:
+            shutil.rmtree(build.shard_dir(k), ignore_errors=True)  # a damaged finished shard: build again
+            todo.append(k)
+        else:
+            done += rows[k][1] - rows[k][0]
+    total = done + sum(rows[k][1] - rows[k][0] for k in todo)
+    if progress is not None:
+        progress(done, total)
+    for k, _ in zip(todo, map_tasks(_build_shard, (build, facts), todo, num_proc=num_proc), strict=True):
+        done += rows[k][1] - rows[k][0]
+        if progress is not None:
+            progress(done, total)
+
+
+def _build_dirs(dest: Path) -> list[Path]:
+    return sorted(dest.parent.glob(f".{dest.name}.build-*")) if dest.parent.is_dir() else []
+
+
+def _sweep(dest: Path, *, keep: Path | None = None) -> None:
+    """Remove the build directories of `dest` but `keep` (hold `locked(dest)`), and `keep`'s temporary
+    shards: only a lock holder creates either, so any found now is stale."""
+    for directory in _build_dirs(dest):
+        if directory != keep:
+            shutil.rmtree(directory, ignore_errors=True)
+    if keep is not None:
+        for entry in keep.glob("tmp-*"):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _reusable(build: ShardedBuild) -> bool:
+    """True when the destination holds a complete store of this identity; False when it holds nothing;
+    else an error."""
+    dest = build.dest
+    if not (dest / MANIFEST).is_file():
+        if dest.is_dir() and any(dest.iterdir()):
+            raise SnapshotError(f"{dest}: directory is not empty and holds no {build.what} ({MANIFEST})")
+        return False
+    recorded = build.complete().get("identity")
+    if recorded != build.identity:
+        differences = identity_differences(recorded, build.identity)
+        raise SnapshotError(
+            f"{dest}: the existing {build.what} was built from another identity (existing vs requested: "
+            f"{'; '.join(differences[:4])}{'; ...' if len(differences) > 4 else ''}); "
+            "choose another output directory or delete this one"
+        )
+    return True
+
+
+def _prepare(build: ShardedBuild) -> Any:
+    _sweep(build.dest, keep=build.build_dir)
+    build.build_dir.mkdir(exist_ok=True)
+    return build.prepare()
+
+
+def _build_here(build: ShardedBuild, num_proc: int, progress: Any) -> None:
+    if _reusable(build) and not _build_dirs(build.dest):
+        return
+    with locked(build.dest):
+        if _reusable(build):
+            _sweep(build.dest)  # a run killed after publishing left its build directory
+            return
+        facts = _prepare(build)
+        _build_shards(build, facts, range(len(build.shard_rows(facts))), num_proc=num_proc, progress=progress)
+        build.publish(facts)
+
+
+def _build_with_ranks(dist: Any, build: ShardedBuild, num_proc: int, progress: Any) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    digests = all_gather(dist, build.digest)
+    if len(set(digests)) != 1:
+        raise ConfigError(
+            f"the ranks ask for different {build.what}s (identity hashes {sorted(set(digests))})"
+        )
+    with ExitStack() as lock:
+        own: BaseException | None = None
+        facts: Any = None
+        if rank == 0:
+            try:
+                lock.enter_context(locked(build.dest))
+                if _reusable(build):
+                    _sweep(build.dest)
+                else:
+                    facts = _prepare(build)
+            except Exception as exc:
+                own = exc
+        facts, failed = broadcast(dist, (facts, describe(own)))
+        raise_first([failed], own, f"preparing the {build.what}", error=SnapshotError)
+        if facts is not None:
+            try:
+                mine = [k for k in range(len(build.shard_rows(facts))) if k % world == rank]
+                _build_shards(build, facts, mine, num_proc=num_proc, progress=progress)
+            except Exception as exc:
+                own = exc
+            errors = all_gather(dist, describe(own))
+            raise_first(errors, own, "building its shards", error=SnapshotError)
+            if rank == 0:
+                try:
+                    build.publish(facts)
+                except Exception as exc:
+                    own = exc
+            published = broadcast(dist, describe(own))
+            raise_first([published], own, f"publishing the {build.what}", error=SnapshotError)
+    try:
+        build.complete()
+    except SnapshotError as exc:
+        raise SnapshotError(
+            f"rank {rank}: the {build.what} rank 0 published is not visible here ({exc})"
+        ) from exc
+
+
+def run_build(build: ShardedBuild, *, num_proc: int, progress: Callable[[int, int], None] | None) -> Path:
+    """Build or reuse ``build.dest`` (collective when a process group is initialised); its path."""
+    dist = process_group()
+    if dist is None:
+        _build_here(build, num_proc, progress)
+    else:
+        _build_with_ranks(dist, build, num_proc, progress)
+    return build.dest
