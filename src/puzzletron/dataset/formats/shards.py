@@ -24,7 +24,7 @@ import numpy as np
 
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats.binary import HashingFile, pread_into, ragged_arange
-from puzzletron.dataset.formats.manifest import load_json
+from puzzletron.dataset.formats.manifest import MANIFEST, check_file, load_json
 
 __all__ = [
     "RECORD",
@@ -32,10 +32,14 @@ __all__ = [
     "TokenShardWriter",
     "TokenShards",
     "assemble_index",
+    "check_complete",
     "check_tiling",
+    "count_of",
     "link_shard_files",
+    "load_format_manifest",
     "mask_name",
     "read_shard_record",
+    "shard_file_sizes",
     "tokens_name",
     "write_part",
     "write_record",
@@ -262,3 +266,88 @@ def check_tiling(bounds: np.ndarray, total: int, where: Callable[[], str]) -> No
     """`SnapshotError` unless shard token ranges ``bounds`` start at 0 and never decrease to `total`."""
     if bounds.size > 1 and (bounds[0] != 0 or np.any(np.diff(bounds) < 0) or bounds[-1] != total):
         raise SnapshotError(f"{where()}: shard token ranges do not tile [0, {total})")
+
+
+# ------------------------------------------------------------------------------------- manifest checks
+
+
+def load_format_manifest(root: Path, fmt: str, version: int, what: str) -> dict[str, Any]:
+    """The manifest at `root`, checked for its format and version (not for completeness)."""
+    where = root / MANIFEST
+    manifest = load_json(where, "the manifest")
+    if not isinstance(manifest, dict):
+        raise SnapshotError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
+    if manifest.get("format") != fmt:
+        raise SnapshotError(f"{where}: a {manifest.get('format')!r} manifest, not a {what}")
+    if manifest.get("version") != version:
+        raise SnapshotError(
+            f"{where}: {what} version {manifest.get('version')!r} is not supported "
+            f"(this code reads {version})"
+        )
+    return manifest
+
+
+def count_of(manifest: Mapping[str, Any], key: str, where: Path) -> int:
+    """``manifest["counts"][key]``, checked to be an int >= 0."""
+    counts = manifest.get("counts")
+    value = counts.get(key) if isinstance(counts, Mapping) else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SnapshotError(f"{where}: counts.{key} is {value!r}; expected an int >= 0")
+    return value
+
+
+def shard_file_sizes(manifest: Mapping[str, Any], where: Path) -> dict[str, int]:
+    """Path -> byte size of every shard's token and mask file, from ``shards[k].tokens`` and
+    ``token_dtype``; `SnapshotError` for a malformed manifest."""
+    if manifest.get("token_dtype") not in ("uint16", "uint32"):
+        raise SnapshotError(
+            f"{where}: token_dtype is {manifest.get('token_dtype')!r}; expected uint16 or uint32"
+        )
+    itemsize = np.dtype(manifest["token_dtype"]).itemsize
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        raise SnapshotError(f"{where}: 'shards' is {shards!r}; expected a list")
+    sizes = {}
+    for k, shard in enumerate(shards):
+        tokens = shard.get("tokens") if isinstance(shard, Mapping) else None
+        if not (isinstance(tokens, list) and len(tokens) == 2 and all(isinstance(t, int) for t in tokens)):
+            raise SnapshotError(f"{where}: shards[{k}].tokens is {tokens!r}; expected [start, stop]")
+        count = tokens[1] - tokens[0]
+        sizes[tokens_name(k)] = count * itemsize
+        sizes[mask_name(k)] = (count + 7) // 8
+    return sizes
+
+
+def check_complete(
+    root: Path,
+    manifest: Mapping[str, Any],
+    sizes: Mapping[str, int],
+    unsized: set[str],
+    *,
+    within: str,
+    what: str,
+) -> None:
+    """That ``files`` lists exactly the files of `sizes` (path -> the size the counts imply) and `unsized`
+    (string bytes, whose size only their offsets tell), each there with its recorded size; `SnapshotError`
+    naming the problems otherwise. Reads no data."""
+    records = manifest.get("files")
+    if not isinstance(records, list):
+        raise SnapshotError(f"{root / MANIFEST}: 'files' is {records!r}; expected a list of file records")
+    listed = {r.get("path"): r for r in records if isinstance(r, Mapping)}
+    expected = set(sizes) | unsized
+    if set(listed) != expected or len(records) != len(expected):
+        missing, extra = sorted(expected - set(listed)), sorted(set(listed) - expected, key=str)
+        raise SnapshotError(
+            f"{root}: the manifest's files are not this layout's (missing {missing}, unexpected {extra})"
+        )
+    problems = []
+    for rel, record in sorted(listed.items()):
+        try:
+            check_file(root, record, within=within)
+        except SnapshotError as exc:
+            problems.append(str(exc))
+            continue
+        if rel in sizes and record.get("bytes") != sizes[rel]:
+            problems.append(f"{root}: {rel} has {record.get('bytes')} bytes; its counts imply {sizes[rel]}")
+    if problems:
+        raise SnapshotError(f"{root}: incomplete or damaged {what}: {'; '.join(problems[:5])}")

@@ -9,121 +9,25 @@ chunk of the index at a time.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from puzzletron.dataset.errors import SnapshotError
-from puzzletron.dataset.formats.manifest import (
-    MANIFEST,
-    VerifyReport,
-    bytes_on_disk,
-    check_file,
-    human_size,
-    verify_file,
-)
+from puzzletron.dataset.formats.manifest import MANIFEST, VerifyReport, bytes_on_disk, human_size
+from puzzletron.dataset.formats.shard_verify import check_files, check_token_index
 from puzzletron.dataset.formats.token_store import _layout as layout
 
 __all__ = ["describe_token_store", "render_token_store", "verify_token_store"]
 
-_CHUNK = 1 << 24  # bytes of a token file hashed at a time
-_INDEX_CHUNK = 1 << 20  # samples of the index checked at a time
-
-
-def _scan_tokens(path: Path, dtype: np.dtype) -> tuple[str, int]:
-    """SHA-256 of a token file and its largest id (-1 when empty), in one pass."""
-    digest, largest = hashlib.sha256(), -1
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK - _CHUNK % dtype.itemsize):
-            digest.update(chunk)
-            if len(chunk) >= dtype.itemsize:
-                whole = len(chunk) - len(chunk) % dtype.itemsize
-                largest = max(largest, int(np.frombuffer(chunk[:whole], dtype=dtype).max()))
-    return digest.hexdigest(), largest
-
-
-def _check_shard(
-    root: Path, manifest: Mapping[str, Any], k: int, offsets: np.ndarray, problems: list[str]
-) -> int:
-    """Hash shard `k`'s files, check its ids and its samples' supervision; its supervised labels."""
-    records = {r["path"]: r for r in manifest["files"]}
-    dtype = np.dtype(manifest["token_dtype"]).newbyteorder("<")
-    (t0, t1), (s0, s1) = manifest["shards"][k]["tokens"], manifest["shards"][k]["samples"]
-    where = f"{root}: shard {k}"
-    tokens, mask = records[layout.tokens_name(k)], records[layout.mask_name(k)]
-    try:
-        digest, largest = _scan_tokens(check_file(root, tokens, within=layout.WITHIN), dtype)
-        packed = check_file(root, mask, within=layout.WITHIN).read_bytes()
-    except (SnapshotError, OSError) as exc:
-        problems.append(str(exc))
-        return 0
-    if digest != tokens.get("sha256"):
-        problems.append(f"{where}: {layout.tokens_name(k)}: SHA-256 differs from the manifest")
-    if hashlib.sha256(packed).hexdigest() != mask.get("sha256"):
-        problems.append(f"{where}: {layout.mask_name(k)}: SHA-256 differs from the manifest")
-    if largest >= manifest.get("vocab_size", 0):
-        problems.append(
-            f"{where}: token id {largest} is outside the vocabulary ({manifest.get('vocab_size')})"
-        )
-    bits = np.unpackbits(np.frombuffer(packed, np.uint8), bitorder="little")[: t1 - t0]
-    local = np.asarray(offsets[s0 : s1 + 1], dtype=np.int64) - t0
-    if local.size == 0 or local[0] != 0 or local[-1] != t1 - t0 or bits.size != t1 - t0:
-        problems.append(f"{where}: its samples [{s0}, {s1}) do not cover its tokens [{t0}, {t1})")
-        return 0
-    if local.size == 1:
-        return 0
-    # labels of a sample: its masked tokens but the first (samples have >= 2 tokens, checked before)
-    starts = local[:-1]
-    supervised = np.add.reduceat(bits, starts, dtype=np.int64) - bits[starts]
-    if np.any(supervised <= 0):
-        bad = s0 + int(np.flatnonzero(supervised <= 0)[0])
-        problems.append(f"{where}: sample {bad} has no supervised label (such rows must be skipped)")
-    return int(supervised.sum())
-
-
-def _check_strings(root: Path, rel_offsets: str, rel_bytes: str, count: int, problems: list[str]) -> None:
-    offsets = np.fromfile(root / rel_offsets, dtype="<i8")
-    size = (root / rel_bytes).stat().st_size
-    if offsets.size != count + 1 or offsets[0] != 0 or offsets[-1] != size or np.any(np.diff(offsets) < 0):
-        problems.append(f"{root}: {rel_offsets} does not cut {rel_bytes} ({size} bytes) into {count} strings")
-
-
-def _check_index(root: Path, manifest: Mapping[str, Any], problems: list[str]) -> None:
-    counts, shards = manifest["counts"], manifest["shards"]
-    n, total = counts["samples"], counts["tokens"]
-    offsets, lengths = (
-        layout.memmap_array(root / layout.OFFSETS, "<i8", n + 1),
-        layout.memmap_array(root / layout.LENGTHS, "<u4", n),
-    )
-    if offsets[0] != 0 or offsets[-1] != total:
-        problems.append(f"{root}: {layout.OFFSETS} runs from {offsets[0]} to {offsets[-1]}, not 0 to {total}")
-    for a in range(0, n, _INDEX_CHUNK):
-        b = min(a + _INDEX_CHUNK, n)
-        if not np.array_equal(np.diff(offsets[a : b + 1]), lengths[a:b].astype(np.int64)):
-            problems.append(f"{root}: {layout.OFFSETS} and {layout.LENGTHS} disagree in samples [{a}, {b})")
-            break
-        if lengths[a:b].min() < 2:  # a supervised label needs a token after the first
-            problems.append(f"{root}: a sample in [{a}, {b}) has fewer than 2 tokens")
-            break
-    _check_strings(root, layout.IDS_OFFSETS, layout.IDS_BIN, n, problems)
-    _check_strings(root, layout.SKIPPED_OFFSETS, layout.SKIPPED_BIN, counts["skipped"], problems)
-    ends = {"rows": 0, "samples": 0, "tokens": 0}
-    for k, shard in enumerate(shards):
-        for key in ends:
-            if shard[key][0] != ends[key] or shard[key][1] < shard[key][0]:
-                problems.append(f"{root}: shards[{k}].{key} {shard[key]} does not continue from {ends[key]}")
-            ends[key] = shard[key][1]
-    wanted = {"rows": counts["rows"], "samples": n, "tokens": total}
-    if ends != wanted or counts["shards"] != len(shards) or counts["rows"] - n != counts["skipped"]:
-        problems.append(f"{root}: the shards cover {ends}; the counts say {counts}")
-    supervised = sum(_check_shard(root, manifest, k, offsets, problems) for k in range(len(shards)))
-    if not problems and supervised != counts.get("supervised_tokens"):
-        problems.append(
-            f"{root}: {supervised} supervised labels; the counts say {counts.get('supervised_tokens')}"
-        )
+INDEX_NAMES = {
+    "offsets": layout.OFFSETS,
+    "lengths": layout.LENGTHS,
+    "ids_offsets": layout.IDS_OFFSETS,
+    "ids": layout.IDS_BIN,
+    "skipped_offsets": layout.SKIPPED_OFFSETS,
+    "skipped": layout.SKIPPED_BIN,
+}
 
 
 def verify_token_store(path: str | Path) -> VerifyReport:
@@ -140,18 +44,10 @@ def verify_token_store(path: str | Path) -> VerifyReport:
         )
     problems: list[str] = []
     expected = set(sizes) | {layout.IDS_BIN, layout.SKIPPED_BIN}
-    if set(records) != expected:
-        problems.append(f"{root}: the manifest lists {sorted(set(records) ^ expected)} unlike this layout")
-    for rel, record in sorted(records.items()):
-        if rel in sizes and record.get("bytes") != sizes[rel]:
-            problems.append(
-                f"{root}: {rel} is recorded with {record.get('bytes')} bytes; counts imply {sizes[rel]}"
-            )
-        if not rel.startswith("shards/"):  # shard files are hashed by _check_shard, with their checks
-            verify_file(root, record, problems, within=layout.WITHIN)
+    check_files(root, records, sizes, expected, problems, within=layout.WITHIN)
     if not problems:  # the shards are hashed and checked with the index
         try:
-            _check_index(root, manifest, problems)
+            check_token_index(root, manifest, problems, names=INDEX_NAMES, within=layout.WITHIN)
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             problems.append(f"{root}: the index is unreadable or inconsistent: {exc}")
     samples = manifest.get("counts", {}).get("samples", 0)
