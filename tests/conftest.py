@@ -18,7 +18,7 @@ import pytest
 from puzzletron.fixtures.hub import FixtureHub, generate_fixture_hub
 from puzzletron.fixtures.mirror import serve_hub
 
-pytest_plugins = ["_token_store_fixtures"]  # `tokenizer_dir`, `snapshot`
+pytest_plugins = ["_token_store_fixtures", "_vlm_fixtures"]  # `tokenizer_dir`, `snapshot`; VLM subset, stores
 
 _HUB_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 

@@ -66,3 +66,30 @@ def test_progress_goes_to_a_terminal_only(snapshot, tokenizer_dir, tmp_path, cap
         main([*_args(snapshot, tokenizer_dir, tmp_path / "quiet", "--split", "validation"), "--quiet"]) == 0
     )
     assert capsys.readouterr().err == ""
+
+
+def test_a_subset_with_a_processor_becomes_a_vlm_store(vlm_subset, processor_dirs, tmp_path, capsys) -> None:
+    out = tmp_path / "vlm"
+    args = ["tokenize", str(vlm_subset), "--processor", str(processor_dirs["qwen3_vl"]), "--output", str(out)]
+    assert main([*args, "--rows-per-shard", "16", "--num-proc", "2"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["status"] == "done" and line["format"] == "puzzletron-vlm-store"
+    assert main([*args, "--rows-per-shard", "16"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "reused"
+    assert main(["verify", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"OK {out}: 38 samples, ")
+    assert main(["inspect", str(out)]) == 0
+    assert "processor    Qwen2VLImageProcessorPil: patch 16" in capsys.readouterr().out
+
+
+def test_the_source_decides_which_of_tokenizer_and_processor_is_needed(
+    vlm_subset, snapshot, tokenizer_dir, processor_dirs, tmp_path, capsys
+) -> None:
+    out = str(tmp_path / "out")
+    assert main(["tokenize", str(vlm_subset), "--tokenizer", str(tokenizer_dir), "--output", out]) == 2
+    assert "is a conversation subset: give --processor DIR" in capsys.readouterr().err
+    assert (
+        main(["tokenize", str(snapshot), "--processor", str(processor_dirs["qwen3_vl"]), "--output", out])
+        == 2
+    )
+    assert "give --tokenizer DIR for a text snapshot" in capsys.readouterr().err

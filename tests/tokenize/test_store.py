@@ -27,7 +27,7 @@ from puzzletron.dataset.errors import ConfigError, ConversationError, SubsetErro
 from puzzletron.dataset.formats.text_snapshot import open_split
 from puzzletron.dataset.formats.token_store import TokenStore
 from puzzletron.dataset.formats.token_store.writer import ShardWriter
-from puzzletron.dataset.tokenize import build_token_store, short_hash, store_identity
+from puzzletron.dataset.tokenize import _builder, build_token_store, short_hash, store_identity
 from puzzletron.dataset.tokenize import store as build_store
 
 FORK = multiprocessing.get_context("fork")
@@ -199,7 +199,7 @@ def _build_and_die(snapshot: Path, tokenizer_dir: Path, out: Path, point: str) -
 
         ShardWriter.add = add
     else:
-        real_staging = build_store.staging_dir
+        real_staging = _builder.staging_dir
 
         @contextmanager
         def staging(dest):
@@ -209,7 +209,7 @@ def _build_and_die(snapshot: Path, tokenizer_dir: Path, out: Path, point: str) -
                     _die()
             _die()  # published; the build directory is still there
 
-        build_store.staging_dir = staging
+        _builder.staging_dir = staging
     _build(snapshot, tokenizer_dir, output=out)
     os._exit(3)  # not reached: the kill comes first
 

@@ -1,7 +1,9 @@
 """Every on-disk format of the data stage, and `verify` / `describe` dispatching on the manifest.
 
-One sub-package per format (``subset/``, ``text_snapshot/``, ``token_store/``) and ``manifest`` (what
-they share: hashing, manifest reading, file checks). Each snapshot is a directory whose ``manifest.json``
+One sub-package per format (``subset/``, ``text_snapshot/``, ``token_store/``, ``vlm_store/``),
+``manifest`` (what they all share: hashing, manifest reading, file checks), and what the two sharded stores
+share: ``binary`` (hashed files, strings, positional reads), ``shards`` (token shards, index parts,
+completeness) and ``shard_verify``. Each snapshot is a directory whose ``manifest.json``
 names its format (``"format"``) and version:
 
 ================================== ============================== =====================================
@@ -10,6 +12,7 @@ names its format (``"format"``) and version:
 ``puzzletron-conversation-subset`` `subset.writer`                ``docs/subset-format.md``
 ``puzzletron-text-snapshot``       `text_snapshot.snapshot`       ``docs/text-snapshot-format.md``
 ``puzzletron-token-store``         `token_store.writer`           ``docs/token-store-format.md``
+``puzzletron-vlm-store``           `vlm_store.writer`             ``docs/vlm-store-format.md``
 ================================== ============================== =====================================
 
 Detection (`detect`): the manifest's ``format`` when it has one (an unknown name is an error). Manifests
@@ -17,8 +20,9 @@ written before formats were named have none; for them each format's ``unnamed`` 
 and no ``images`` is a text snapshot (version 1), ``images`` is a conversation subset (the original
 layout). Adding a format is one entry in `FORMATS`.
 
->>> sorted(FORMATS)
-['puzzletron-conversation-subset', 'puzzletron-text-snapshot', 'puzzletron-token-store']
+>>> sorted(FORMATS)  # doctest: +NORMALIZE_WHITESPACE
+['puzzletron-conversation-subset', 'puzzletron-text-snapshot', 'puzzletron-token-store',
+ 'puzzletron-vlm-store']
 >>> format_of({"format": "puzzletron-text-snapshot", "version": 1})
 'puzzletron-text-snapshot'
 >>> format_of({"version": 1, "splits": {"train": 3}, "files": []})
@@ -55,6 +59,12 @@ from puzzletron.dataset.formats.token_store import (
     describe_token_store,
     render_token_store,
     verify_token_store,
+)
+from puzzletron.dataset.formats.vlm_store import (
+    VLM_STORE_FORMAT,
+    describe_vlm_store,
+    render_vlm_store,
+    verify_vlm_store,
 )
 
 __all__ = [
@@ -103,6 +113,9 @@ FORMATS: dict[str, Format] = {
     ),
     TOKEN_STORE_FORMAT: Format(
         verify_token_store, describe_token_store, render_token_store, "{sample_count} samples"
+    ),
+    VLM_STORE_FORMAT: Format(
+        verify_vlm_store, describe_vlm_store, render_vlm_store, "{sample_count} samples, {image_count} images"
     ),
 }
 

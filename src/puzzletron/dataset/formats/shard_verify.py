@@ -8,7 +8,7 @@ here raises for a damaged store. Memory: one shard's mask and one chunk of the i
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +16,19 @@ import numpy as np
 
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats.binary import memmap_array
-from puzzletron.dataset.formats.manifest import check_file, verify_file
-from puzzletron.dataset.formats.shards import mask_name, tokens_name
+from puzzletron.dataset.formats.manifest import MANIFEST, VerifyReport, check_file, verify_file
+from puzzletron.dataset.formats.shards import (
+    IDS_BIN,
+    IDS_OFFSETS,
+    LENGTHS,
+    OFFSETS,
+    SKIPPED_BIN,
+    SKIPPED_OFFSETS,
+    mask_name,
+    tokens_name,
+)
 
-__all__ = ["check_files", "check_shard", "check_strings", "check_token_index"]
+__all__ = ["check_files", "check_shard", "check_strings", "check_token_index", "verify_sharded"]
 
 _CHUNK = 1 << 24  # bytes of a token file hashed at a time
 _INDEX_CHUNK = 1 << 20  # samples of the index checked at a time
@@ -106,33 +115,27 @@ def check_token_index(
     manifest: Mapping[str, Any],
     problems: list[str],
     *,
-    names: Mapping[str, str],
     within: str,
     ranges: Sequence[str] = ("rows", "samples", "tokens"),
 ) -> None:
-    """The token index and the shards: ``names`` maps ``offsets``, ``lengths``, ``ids_offsets``, ``ids``,
-    ``skipped_offsets``, ``skipped`` to their paths; ``ranges`` are the keys of ``shards[k]`` that tile
-    ``counts`` (a shard's ``samples`` and ``tokens`` run from where the previous one stopped)."""
+    """The token index and the shards; ``ranges`` are the keys of ``shards[k]`` that tile ``counts`` (a
+    shard's ``samples`` and ``tokens`` run from where the previous one stopped)."""
     counts, shards = manifest["counts"], manifest["shards"]
     n, total = counts["samples"], counts["tokens"]
-    offsets = memmap_array(root / names["offsets"], "<i8", n + 1)
-    lengths = memmap_array(root / names["lengths"], "<u4", n)
+    offsets = memmap_array(root / OFFSETS, "<i8", n + 1)
+    lengths = memmap_array(root / LENGTHS, "<u4", n)
     if offsets[0] != 0 or offsets[-1] != total:
-        problems.append(
-            f"{root}: {names['offsets']} runs from {offsets[0]} to {offsets[-1]}, not 0 to {total}"
-        )
+        problems.append(f"{root}: {OFFSETS} runs from {offsets[0]} to {offsets[-1]}, not 0 to {total}")
     for a in range(0, n, _INDEX_CHUNK):
         b = min(a + _INDEX_CHUNK, n)
         if not np.array_equal(np.diff(offsets[a : b + 1]), lengths[a:b].astype(np.int64)):
-            problems.append(
-                f"{root}: {names['offsets']} and {names['lengths']} disagree in samples [{a}, {b})"
-            )
+            problems.append(f"{root}: {OFFSETS} and {LENGTHS} disagree in samples [{a}, {b})")
             break
         if lengths[a:b].min() < 2:  # a supervised label needs a token after the first
             problems.append(f"{root}: a sample in [{a}, {b}) has fewer than 2 tokens")
             break
-    check_strings(root, names["ids_offsets"], names["ids"], n, problems)
-    check_strings(root, names["skipped_offsets"], names["skipped"], counts["skipped"], problems)
+    check_strings(root, IDS_OFFSETS, IDS_BIN, n, problems)
+    check_strings(root, SKIPPED_OFFSETS, SKIPPED_BIN, counts["skipped"], problems)
     ends = dict.fromkeys(ranges, 0)
     for k, shard in enumerate(shards):
         for key in ends:
@@ -149,3 +152,38 @@ def check_token_index(
         problems.append(
             f"{root}: {supervised} supervised labels; the counts say {counts.get('supervised_tokens')}"
         )
+
+
+def verify_sharded(
+    path: str | Path,
+    *,
+    fmt: str,
+    what: str,
+    load: Callable[[Path], dict[str, Any]],
+    expected_sizes: Callable[[Mapping[str, Any], Path], dict[str, int]],
+    unsized: set[str],
+    within: str,
+    ranges: Sequence[str] = ("rows", "samples", "tokens"),
+    more: Callable[[Path, Mapping[str, Any], list[str]], None] | None = None,
+) -> VerifyReport:
+    """Verify a sharded store of format `fmt` reading every byte: its files (`check_files`), the token index
+    and shards (`check_token_index`), then the format's own checks (`more`), each only when the ones before
+    found nothing. The report counts ``counts.samples`` and ``counts.images`` (0 when absent)."""
+    root = Path(path).absolute()
+    try:
+        manifest = load(root)
+        sizes = expected_sizes(manifest, root / MANIFEST)
+        records = {r["path"]: r for r in manifest["files"]}
+    except (SnapshotError, KeyError, TypeError) as exc:
+        return VerifyReport(str(root), 0, 0, (f"{root}: unreadable {what} manifest: {exc}",), fmt)
+    problems: list[str] = []
+    check_files(root, records, sizes, set(sizes) | unsized, problems, within=within)
+    if not problems:  # the shards are hashed and checked with the index
+        try:
+            check_token_index(root, manifest, problems, within=within, ranges=ranges)
+            if not problems and more is not None:
+                more(root, manifest, problems)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            problems.append(f"{root}: the index is unreadable or inconsistent: {exc}")
+    counts = manifest.get("counts", {})
+    return VerifyReport(str(root), counts.get("samples", 0), counts.get("images", 0), tuple(problems), fmt)

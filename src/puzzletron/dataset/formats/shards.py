@@ -27,7 +27,13 @@ from puzzletron.dataset.formats.binary import HashingFile, pread_into, ragged_ar
 from puzzletron.dataset.formats.manifest import MANIFEST, check_file, load_json
 
 __all__ = [
+    "IDS_BIN",
+    "IDS_OFFSETS",
+    "LENGTHS",
+    "OFFSETS",
     "RECORD",
+    "SKIPPED_BIN",
+    "SKIPPED_OFFSETS",
     "IndexPart",
     "TokenShardWriter",
     "TokenShards",
@@ -46,6 +52,13 @@ __all__ = [
 ]
 
 RECORD = "record.json"  # a finished shard's record, in its build directory (written last)
+# The token index every sharded store has (docs/token-store-format.md).
+OFFSETS = "index/offsets.i64"  # [n + 1] int64: global token offset of each sample
+LENGTHS = "index/lengths.u32"  # [n] uint32: tokens of each sample
+IDS_BIN = "index/ids.bin"  # sample ids, UTF-8, concatenated
+IDS_OFFSETS = "index/ids.i64"  # [n + 1] int64: byte offset of each id in ids.bin
+SKIPPED_BIN = "skipped/ids.bin"  # ids of the rows not kept
+SKIPPED_OFFSETS = "skipped/ids.i64"  # [skipped + 1] int64: byte offsets into skipped/ids.bin
 _CHUNK = 1 << 24
 _MAX_OPEN_SHARDS = 64  # file descriptors kept open (two a shard), least recently used closed first
 

@@ -2,8 +2,10 @@
 
 `conversations` tokenises rows (batched: render once, encode in one backend call; `tokenize_conversation`
 is the row-by-row reference); `store` builds (or reuses) a content-addressed token store of a text split,
-with worker processes and across `torch.distributed` ranks; `identity` says what a store is built from and
-names it. The store's on-disk format is `puzzletron.dataset.formats.token_store`.
+`vlm_store` the VLM store of a conversation subset under a processor (`processor`: its parts and the image
+grid), both with worker processes and across `torch.distributed` ranks (`_builder`, shared); `identity` says
+what a store is built from and names it. The on-disk formats are `puzzletron.dataset.formats.token_store`
+and `puzzletron.dataset.formats.vlm_store`.
 """
 
 from __future__ import annotations
@@ -22,15 +24,25 @@ from puzzletron.dataset.tokenize.conversations import (
     tokenize_conversations,
     tokenize_rows,
 )
-from puzzletron.dataset.tokenize.identity import identity_sha256, short_hash, store_identity
+from puzzletron.dataset.tokenize.identity import (
+    identity_sha256,
+    short_hash,
+    store_identity,
+    vlm_store_identity,
+)
+from puzzletron.dataset.tokenize.processor import GridConfig, VlmProcessor, vlm_processor
 from puzzletron.dataset.tokenize.store import build_token_store
+from puzzletron.dataset.tokenize.vlm_store import build_vlm_store
 
 __all__ = [
+    "GridConfig",
     "TokenizeOptions",
     "TokenizedRows",
     "TokenizedText",
+    "VlmProcessor",
     "assistant_token_mask",
     "build_token_store",
+    "build_vlm_store",
     "identity_sha256",
     "labels_from_mask",
     "load_tokenizer",
@@ -43,4 +55,6 @@ __all__ = [
     "tokenize_conversation",
     "tokenize_conversations",
     "tokenize_rows",
+    "vlm_processor",
+    "vlm_store_identity",
 ]

@@ -23,8 +23,9 @@ import os
 import secrets
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,21 +38,38 @@ from puzzletron.dataset.distributed.collectives import (
 )
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats.manifest import MANIFEST
-from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked
+from puzzletron.dataset.formats.token_store import token_dtype
+from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked, staging_dir
 from puzzletron.dataset.tokenize._workers import map_tasks
 from puzzletron.dataset.tokenize.identity import identity_differences
 
-__all__ = ["ShardedBuild", "run_build"]
+__all__ = ["ShardedBuild", "StoreFacts", "run_build"]
+
+
+@dataclass(frozen=True)
+class StoreFacts:
+    """What rank 0 learns under the lock and every rank builds with: the source's rows and the tokenizer's
+    vocabulary size (the token dtype follows) and pad id."""
+
+    rows: int
+    vocab_size: int
+    pad_token_id: int
+
+    @property
+    def dtype(self) -> str:
+        return token_dtype(self.vocab_size)
 
 
 class ShardedBuild(ABC):
     """One store build (picklable: worker processes receive it). Subclasses set ``dest``, ``identity``,
-    ``digest`` (its SHA-256) and ``what`` (``"token store"``) and implement the format's steps."""
+    ``digest`` (its SHA-256), ``what`` (``"token store"``) and ``rows_per_shard``, and implement the
+    format's steps."""
 
     dest: Path
     identity: dict[str, Any]
     digest: str
     what: str
+    rows_per_shard: int
 
     @property
     def build_dir(self) -> Path:
@@ -65,12 +83,13 @@ class ShardedBuild(ABC):
         """The manifest of the complete store at ``dest``; `SnapshotError` otherwise."""
 
     @abstractmethod
-    def prepare(self) -> Any:
+    def prepare(self) -> StoreFacts:
         """Under the lock, after the build directory exists: the facts every rank builds with."""
 
-    @abstractmethod
-    def shard_rows(self, facts: Any) -> list[tuple[int, int]]:
-        """The row range of every shard."""
+    def shard_rows(self, facts: StoreFacts) -> list[tuple[int, int]]:
+        """The row range of every shard: fixed ranges of ``rows_per_shard`` (the last one may be short)."""
+        per = self.rows_per_shard
+        return [(a, min(a + per, facts.rows)) for a in range(0, facts.rows, per)]
 
     @abstractmethod
     def write_shard(self, facts: Any, shard: int, directory: Path) -> dict[str, Any]:
@@ -81,8 +100,35 @@ class ShardedBuild(ABC):
         """The record of a finished shard covering ``rows``, or None (then it is built again)."""
 
     @abstractmethod
-    def publish(self, facts: Any) -> None:
-        """Assemble the finished shards into ``dest`` (hold the lock); remove the build directory."""
+    def assemble(
+        self, tmp: Path, shard_dirs: list[Path], records: list[dict[str, Any]], fields: Mapping[str, Any]
+    ) -> None:
+        """Write the store into the empty transaction directory ``tmp`` from the finished shards; ``fields``
+        go into its manifest (`manifest_fields`)."""
+
+    def manifest_fields(self, facts: StoreFacts) -> dict[str, Any]:
+        """The manifest fields every sharded store has, plus the format's (override and extend)."""
+        import tokenizers
+        import transformers
+
+        return {
+            "identity": self.identity,
+            "identity_sha256": self.digest,
+            "token_dtype": facts.dtype,
+            "vocab_size": facts.vocab_size,
+            "pad_token_id": facts.pad_token_id,
+            "rows_per_shard": self.rows_per_shard,
+            "built_with": {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__},
+        }
+
+    def publish(self, facts: StoreFacts) -> None:
+        """Assemble the finished shards in a transaction directory and publish it (hold the lock); then
+        remove the build directory."""
+        records = self.finished_records(facts)
+        fields = self.manifest_fields(facts)
+        with staging_dir(self.dest) as tmp:
+            self.assemble(tmp, [self.shard_dir(k) for k in range(len(records))], records, fields)
+        shutil.rmtree(self.build_dir, ignore_errors=True)
 
     def finished_records(self, facts: Any) -> list[dict[str, Any]]:
         """Every shard's record, in order; `SnapshotError` naming the missing ones."""

@@ -25,17 +25,23 @@ from typing import Any
 
 from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.errors import ConfigError
-from puzzletron.dataset.formats.manifest import sha256_file
+from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
+from puzzletron.dataset.formats.subset import LEGACY_SAMPLES, SUBSET_FORMAT, subset_manifest
 from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT, TextSplit
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
+from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT, VLM_STORE_VERSION
+from puzzletron.dataset.tokenize.processor import PROCESSOR_FILE, VlmProcessor
 
 __all__ = [
     "identity_differences",
     "identity_sha256",
+    "processor_identity",
     "short_hash",
     "snapshot_identity",
     "store_identity",
+    "subset_identity",
     "tokenizer_identity",
+    "vlm_store_identity",
 ]
 
 # The files `AutoTokenizer.from_pretrained` reads from a directory (a model's weights and config are not).
@@ -106,6 +112,69 @@ def tokenizer_identity(tokenizer: str | Path | Any) -> dict[str, Any]:
     if not files:
         raise ConfigError(f"tokenizer directory {root} holds no tokenizer files (tokenizer.json, ...)")
     return {"files": files}
+
+
+def processor_identity(processor: str | Path | Any) -> dict[str, Any]:
+    """The processor part of a VLM store's identity: ``{"files": {name: sha256}}`` of a processor
+    directory's tokenizer and processor files (tokenizer JSON and config, chat templates, the image
+    processor's ``preprocessor_config.json`` with its pixel limits), or, for an object, the class and the
+    hashes of its tokenizer (`tokenizer_identity`), chat template and image processor config."""
+    if isinstance(processor, str | Path):
+        root = Path(processor)
+        if not root.is_dir():
+            raise ConfigError(f"processor {root} is not a directory (give a local processor directory)")
+        files = {
+            rel: sha256_file(p)
+            for p in sorted(root.rglob("*"))
+            if p.is_file()
+            and (
+                _TOKENIZER_FILE.fullmatch(rel := p.relative_to(root).as_posix())
+                or PROCESSOR_FILE.fullmatch(rel)
+            )
+        }
+        if "preprocessor_config.json" not in files:
+            raise ConfigError(
+                f"processor directory {root} has no preprocessor_config.json (the image processor)"
+            )
+        return {"files": files}
+    tokenizer = getattr(processor, "tokenizer", None)
+    if tokenizer is None:
+        raise ConfigError(f"processor {type(processor).__name__} has no tokenizer")
+    image_processor = getattr(processor, "image_processor", None)
+    template = getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None)
+    config = image_processor.to_dict() if image_processor is not None else None
+    return {
+        "class": processor.name if isinstance(processor, VlmProcessor) else type(processor).__name__,
+        "tokenizer": tokenizer_identity(tokenizer)["object_sha256"],
+        "chat_template": identity_sha256({"template": template}),
+        "image_processor": identity_sha256({"config": config}),
+    }
+
+
+def subset_identity(root: Path) -> dict[str, Any]:
+    """The subset part of a VLM store's identity: the SHA-256 of its ``manifest.json`` (which records every
+    file's SHA-256; an original-layout subset's ``samples.json`` is hashed too) and its counts."""
+    manifest = subset_manifest(root, records=False)
+    out = {
+        "format": SUBSET_FORMAT,
+        "manifest_sha256": sha256_file(root / MANIFEST),
+        "sample_count": manifest["sample_count"],
+        "image_count": manifest["image_count"],
+    }
+    if "format" not in manifest:
+        out["samples_sha256"] = sha256_file(root / LEGACY_SAMPLES)
+    return out
+
+
+def vlm_store_identity(subset: Path, *, processor: str | Path | Any, rows_per_shard: int) -> dict[str, Any]:
+    """The identity of the VLM store of the subset at `subset` under `processor`."""
+    return {
+        "format": VLM_STORE_FORMAT,
+        "version": VLM_STORE_VERSION,
+        "subset": subset_identity(Path(subset)),
+        "processor": processor_identity(processor),
+        "options": {"rows_per_shard": int(rows_per_shard)},
+    }
 
 
 def store_identity(

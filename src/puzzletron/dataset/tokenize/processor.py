@@ -145,8 +145,8 @@ def _grid_config(image_processor: Any, name: str) -> GridConfig:
     if not kind.startswith("Qwen2VLImageProcessor") or missing:
         raise ConfigError(
             f"processor {name} is not supported: the VLM path needs a Qwen2-VL-family image processor "
-            f"(Qwen2VLImageProcessor*, as Qwen2-VL, Qwen2.5-VL and Qwen3-VL use) with patch_size, merge_size, "
-            f"temporal_patch_size and size{{shortest_edge, longest_edge}}; got {kind}"
+            "(Qwen2VLImageProcessor*, as Qwen2-VL, Qwen2.5-VL and Qwen3-VL use) with patch_size, "
+            f"merge_size, temporal_patch_size and size{{shortest_edge, longest_edge}}; got {kind}"
             + (f" without {', '.join(missing)}" if missing else "")
         )
     return GridConfig(**{k: int(v) for k, v in facts.items()})
@@ -154,8 +154,8 @@ def _grid_config(image_processor: Any, name: str) -> GridConfig:
 
 def _parts(tokenizer: Any, image_processor: Any, template: str | None, name: str) -> VlmProcessor:
     if tokenizer is None or image_processor is None:
-        what = "a tokenizer" if tokenizer is None else "an image processor"
-        raise ConfigError(f"processor {name} is not supported: it has no {what}")
+        what = "tokenizer" if tokenizer is None else "image processor"
+        raise ConfigError(f"processor {name} is not supported: it has no {what} (tokenizer, image_processor)")
     grid = _grid_config(image_processor, name)
     image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     if not isinstance(image_id, int) or image_id == tokenizer.unk_token_id or image_id < 0:

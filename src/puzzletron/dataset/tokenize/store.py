@@ -31,8 +31,7 @@ times).
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,27 +47,12 @@ from puzzletron.dataset.formats.token_store import (
     assemble_store,
     read_complete_manifest,
     read_shard_record,
-    token_dtype,
 )
-from puzzletron.dataset.storage.atomic import staging_dir
-from puzzletron.dataset.tokenize._builder import ShardedBuild, run_build
+from puzzletron.dataset.tokenize._builder import ShardedBuild, StoreFacts, run_build
 from puzzletron.dataset.tokenize.conversations import load_tokenizer, pad_token_id, select_rows, tokenize_rows
 from puzzletron.dataset.tokenize.identity import identity_sha256, store_identity
 
 __all__ = ["build_token_store"]
-
-
-@dataclass(frozen=True)
-class _Facts:
-    """What rank 0 learns under the lock and every rank builds with."""
-
-    rows: int
-    vocab_size: int
-    pad_token_id: int
-
-    @property
-    def dtype(self) -> str:
-        return token_dtype(self.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -88,18 +72,18 @@ class _Build(ShardedBuild):
     def complete(self) -> dict[str, Any]:
         return read_complete_manifest(self.dest)
 
-    def prepare(self) -> _Facts:
-        tok = load_tokenizer(self.tokenizer)
-        return _Facts(rows=len(self.split.load()), vocab_size=len(tok), pad_token_id=pad_token_id(tok))
+    @property
+    def rows_per_shard(self) -> int:
+        return self.options.rows_per_shard
 
-    def shard_rows(self, facts: _Facts) -> list[tuple[int, int]]:
-        per = self.options.rows_per_shard
-        return [(a, min(a + per, facts.rows)) for a in range(0, facts.rows, per)]
+    def prepare(self) -> StoreFacts:
+        tok = load_tokenizer(self.tokenizer)
+        return StoreFacts(rows=len(self.split.load()), vocab_size=len(tok), pad_token_id=pad_token_id(tok))
 
     def shard_record(self, directory: Path, rows: tuple[int, int]) -> dict[str, Any] | None:
         return read_shard_record(directory, rows)
 
-    def write_shard(self, facts: _Facts, shard: int, directory: Path) -> dict[str, Any]:
+    def write_shard(self, facts: StoreFacts, shard: int, directory: Path) -> dict[str, Any]:
         start, stop = self.shard_rows(facts)[shard]
         writer = ShardWriter(directory, facts.dtype)
         parts = tokenize_rows(
@@ -114,23 +98,10 @@ class _Build(ShardedBuild):
             writer.add(ids, mask, np.diff(offsets), part.sample_ids, supervised=supervised)
         return writer.finish(rows=(start, stop))
 
-    def publish(self, facts: _Facts) -> None:
-        records = self.finished_records(facts)
-        import tokenizers
-        import transformers
-
-        fields = {
-            "identity": self.identity,
-            "identity_sha256": self.digest,
-            "token_dtype": facts.dtype,
-            "vocab_size": facts.vocab_size,
-            "pad_token_id": facts.pad_token_id,
-            "rows_per_shard": self.options.rows_per_shard,
-            "built_with": {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__},
-        }
-        with staging_dir(self.dest) as tmp:
-            assemble_store(tmp, [self.shard_dir(k) for k in range(len(records))], records, fields=fields)
-        shutil.rmtree(self.build_dir, ignore_errors=True)
+    def assemble(
+        self, tmp: Path, shard_dirs: list[Path], records: list[dict[str, Any]], fields: Mapping[str, Any]
+    ) -> None:
+        assemble_store(tmp, shard_dirs, records, fields=fields)
 
 
 def build_token_store(

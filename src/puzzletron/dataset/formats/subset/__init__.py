@@ -8,7 +8,13 @@ or `SubsetReader` (random access), check with `verify_subset`, summarise with `d
 from __future__ import annotations
 
 from puzzletron.dataset.formats.manifest import MANIFEST, VerifyReport
-from puzzletron.dataset.formats.subset._layout import SUBSET_FORMAT, SUBSET_FORMAT_VERSION, is_original_layout
+from puzzletron.dataset.formats.subset._layout import (
+    LEGACY_SAMPLES,
+    SUBSET_FORMAT,
+    SUBSET_FORMAT_VERSION,
+    image_items,
+    is_original_layout,
+)
 from puzzletron.dataset.formats.subset.reader import (
     SubsetReader,
     load_materialized_conversation_subset,
@@ -28,12 +34,14 @@ FORMAT_VERSION = SUBSET_FORMAT_VERSION
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "LEGACY_SAMPLES",
     "MANIFEST",
     "SUBSET_FORMAT",
     "SUBSET_FORMAT_VERSION",
     "SubsetReader",
     "VerifyReport",
     "describe_subset",
+    "image_items",
     "is_original_layout",
     "load_materialized_conversation_subset",
     "load_materialized_intersyn_subset",

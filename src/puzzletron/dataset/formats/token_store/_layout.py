@@ -15,6 +15,12 @@ from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats.binary import memmap_array
 from puzzletron.dataset.formats.manifest import MANIFEST
 from puzzletron.dataset.formats.shards import (
+    IDS_BIN,
+    IDS_OFFSETS,
+    LENGTHS,
+    OFFSETS,
+    SKIPPED_BIN,
+    SKIPPED_OFFSETS,
     check_complete,
     count_of,
     load_format_manifest,
@@ -45,13 +51,6 @@ __all__ = [
 TOKEN_STORE_FORMAT = "puzzletron-token-store"
 TOKEN_STORE_VERSION = 1
 WITHIN = "the token store"
-
-OFFSETS = "index/offsets.i64"  # [n + 1] int64: global token offset of each sample
-LENGTHS = "index/lengths.u32"  # [n] uint32: tokens of each sample
-IDS_BIN = "index/ids.bin"  # sample ids, UTF-8, concatenated
-IDS_OFFSETS = "index/ids.i64"  # [n + 1] int64: byte offset of each id in ids.bin
-SKIPPED_BIN = "skipped/ids.bin"  # ids of the rows without a supervised token
-SKIPPED_OFFSETS = "skipped/ids.i64"  # [skipped + 1] int64
 
 
 def token_dtype(vocab_size: int) -> str:

@@ -57,9 +57,11 @@ class TokenStore:
     Picklable and fork-safe: a copy reopens its files lazily (DataLoader workers).
     """
 
+    _complete_manifest = staticmethod(read_complete_manifest)  # a subclass checks its own layout
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).absolute()
-        self.manifest = read_complete_manifest(self.path)
+        self.manifest = self._complete_manifest(self.path)
         counts = self.manifest["counts"]
         self.num_tokens: int = counts["tokens"]
         self.skipped: int = counts["skipped"]
@@ -79,7 +81,7 @@ class TokenStore:
         return self._n
 
     def __repr__(self) -> str:
-        return f"TokenStore({str(self.path)!r}, samples={self._n}, tokens={self.num_tokens})"
+        return f"{type(self).__name__}({str(self.path)!r}, samples={self._n}, tokens={self.num_tokens})"
 
     def _array(self, rel: str, dtype: str, count: int) -> np.ndarray:
         if rel not in self._arrays:

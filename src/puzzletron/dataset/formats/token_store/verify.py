@@ -13,45 +13,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from puzzletron.dataset.errors import SnapshotError
-from puzzletron.dataset.formats.manifest import MANIFEST, VerifyReport, bytes_on_disk, human_size
-from puzzletron.dataset.formats.shard_verify import check_files, check_token_index
+from puzzletron.dataset.formats.manifest import VerifyReport, bytes_on_disk, human_size
+from puzzletron.dataset.formats.shard_verify import verify_sharded
 from puzzletron.dataset.formats.token_store import _layout as layout
 
 __all__ = ["describe_token_store", "render_token_store", "verify_token_store"]
-
-INDEX_NAMES = {
-    "offsets": layout.OFFSETS,
-    "lengths": layout.LENGTHS,
-    "ids_offsets": layout.IDS_OFFSETS,
-    "ids": layout.IDS_BIN,
-    "skipped_offsets": layout.SKIPPED_OFFSETS,
-    "skipped": layout.SKIPPED_BIN,
-}
 
 
 def verify_token_store(path: str | Path) -> VerifyReport:
     """Check a token store against its manifest, reading every byte (see the module docstring);
     ``sample_count`` is the manifest's samples, ``image_count`` is 0."""
-    root = Path(path).absolute()
-    try:
-        manifest = layout.load_store_manifest(root)
-        sizes = layout.expected_sizes(manifest, root / MANIFEST)
-        records = {r["path"]: r for r in manifest["files"]}
-    except (SnapshotError, KeyError, TypeError) as exc:
-        return VerifyReport(
-            str(root), 0, 0, (f"{root}: unreadable token store manifest: {exc}",), layout.TOKEN_STORE_FORMAT
-        )
-    problems: list[str] = []
-    expected = set(sizes) | {layout.IDS_BIN, layout.SKIPPED_BIN}
-    check_files(root, records, sizes, expected, problems, within=layout.WITHIN)
-    if not problems:  # the shards are hashed and checked with the index
-        try:
-            check_token_index(root, manifest, problems, names=INDEX_NAMES, within=layout.WITHIN)
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-            problems.append(f"{root}: the index is unreadable or inconsistent: {exc}")
-    samples = manifest.get("counts", {}).get("samples", 0)
-    return VerifyReport(str(root), samples, 0, tuple(problems), layout.TOKEN_STORE_FORMAT)
+    return verify_sharded(
+        path,
+        fmt=layout.TOKEN_STORE_FORMAT,
+        what="token store",
+        load=layout.load_store_manifest,
+        expected_sizes=layout.expected_sizes,
+        unsized={layout.IDS_BIN, layout.SKIPPED_BIN},
+        within=layout.WITHIN,
+    )
 
 
 def describe_token_store(path: str | Path) -> dict[str, Any]:

@@ -1,0 +1,105 @@
+"""The processor parts the VLM path uses: the image grid computed from an image's size equals the image
+processor's (its own ``smart_resize`` over thousands of sizes, and the processor on real images), objects and
+directories give the same parts, and a processor of another family is a `ConfigError` naming what it lacks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+from _conversation_samples import pil_image
+from _vlm_reference import LOADERS
+from puzzletron.dataset.errors import ConfigError
+from puzzletron.dataset.tokenize import GridConfig, vlm_processor
+from puzzletron.fixtures.tokenizer import CHAT_TEMPLATE
+
+CONFIGS = {
+    "qwen2_5 hub": GridConfig(14, 2, 2, 56 * 56, 28 * 28 * 16384),
+    "qwen3 hub": GridConfig(16, 2, 2, 65536, 16777216),
+    "fixture": GridConfig(14, 2, 2, 56 * 56, 448 * 448),
+    "small patch 16": GridConfig(16, 2, 2, 32 * 32, 256 * 256),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_grids_equal_smart_resize_over_thousands_of_sizes(name: str) -> None:
+    config = CONFIGS[name]
+    rng = np.random.default_rng(1)
+    sides = [1, 2, 3, 13, 27, 28, 29, 55, 56, 57, 200, 201, 4000]
+    edges = np.array([(w, h) for w in sides for h in sides])
+    sizes = np.concatenate([rng.integers(1, 5000, (3000, 2)), edges, [[1500, 8], [2, 300], [300, 2]]])
+    grid, refused = config.grids(sizes[:, 0], sizes[:, 1])
+    factor = config.patch_size * config.merge_size
+    for (w, h), g, r in zip(sizes.tolist(), grid.tolist(), refused.tolist(), strict=True):
+        try:
+            h_bar, w_bar = smart_resize(h, w, factor, config.min_pixels, config.max_pixels)
+        except ValueError:
+            assert r, (w, h)
+            continue
+        assert not r and g == [1, h_bar // config.patch_size, w_bar // config.patch_size], (w, h)
+    assert refused.sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
+def test_grids_equal_the_processor_on_real_images(kind: str, processor_dirs: dict[str, Path]) -> None:
+    processor = LOADERS[kind](processor_dirs[kind])
+    parts = vlm_processor(processor)
+    sizes = [(20, 20), (56, 56), (57, 300), (300, 57), (448, 448), (1000, 30), (640, 480), (3, 90)]
+    images = [pil_image(i, size) for i, size in enumerate(sizes)]
+    want = processor.image_processor(images=images, return_tensors="np")["image_grid_thw"]
+    got, refused = parts.grid.grids(*np.array(sizes).T)
+    assert np.array_equal(got, want) and not refused.any()
+    assert np.array_equal(
+        parts.grid.tokens(got), processor.image_processor(images=images)["image_grid_thw"].prod(-1) // 4
+    )
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_directory_and_its_processor_object_give_the_same_parts(
+    kind: str, processor_dirs: dict[str, Path]
+) -> None:
+    from_dir, from_object = (
+        vlm_processor(processor_dirs[kind]),
+        vlm_processor(LOADERS[kind](processor_dirs[kind])),
+    )
+    assert from_dir.grid == from_object.grid and from_dir.image_token_id == from_object.image_token_id == 5
+    assert from_dir.tokenizer.chat_template == from_object.tokenizer.chat_template == CHAT_TEMPLATE
+    assert vlm_processor(from_dir) is from_dir and vlm_processor(processor_dirs[kind]) is from_dir  # cached
+
+
+def test_the_processor_chat_template_is_used_and_the_callers_tokenizer_is_left_alone(
+    processor_dirs: dict[str, Path],
+) -> None:
+    processor = LOADERS["qwen2_5_vl"](processor_dirs["qwen2_5_vl"])
+    processor.tokenizer.chat_template = "{{ 'tokenizer template' }}"
+    parts = vlm_processor(processor)
+    assert parts.tokenizer.chat_template == processor.chat_template == CHAT_TEMPLATE
+    assert processor.tokenizer.chat_template == "{{ 'tokenizer template' }}"
+
+
+def test_another_family_is_a_config_error_naming_what_is_missing(
+    processor_dirs: dict[str, Path], tokenizer_dir: Path
+) -> None:
+    processor = LOADERS["qwen2_5_vl"](processor_dirs["qwen2_5_vl"])
+    with pytest.raises(ConfigError, match="TokenizersBackend is not supported: it has no tokenizer"):
+        vlm_processor(AutoTokenizer.from_pretrained(tokenizer_dir))
+    from transformers import CLIPImageProcessor
+
+    class Clip:  # a processor object whose image processor is not of the Qwen2-VL family
+        tokenizer = processor.tokenizer
+        image_processor = CLIPImageProcessor()
+        chat_template = CHAT_TEMPLATE
+
+    with pytest.raises(
+        ConfigError, match=r"processor Clip is not supported: .*got CLIPImageProcessor\w* without"
+    ):
+        vlm_processor(Clip())
+    processor.image_processor.size = {"shortest_edge": 3136}
+    with pytest.raises(ConfigError, match="without max_pixels"):
+        vlm_processor(processor)
+    with pytest.raises(ConfigError, match="is not a directory"):
+        vlm_processor(tokenizer_dir / "missing")
