@@ -31,7 +31,9 @@ __all__ = [
     "randomize",
     "reference_loss",
     "tiny_qwen2",
+    "tiny_qwen2_5_vl",
     "tiny_qwen2_config",
+    "tiny_qwen3_vl",
 ]
 
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "small")
@@ -113,6 +115,89 @@ def randomize(model: torch.nn.Module, *, seed: int = 0, std: float = 0.2) -> tor
         for parameter in model.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * std)
     return model
+
+
+def _vision_ids(tokenizer: Any) -> dict[str, int]:
+    return {key: tokenizer.convert_tokens_to_ids(token) for key, token in _VISION_TOKENS.items()}
+
+
+def tiny_qwen2_5_vl(tokenizer: Any, attn: str, *, seed: int = 0) -> torch.nn.Module:
+    """A float64 Qwen2.5-VL (2 text layers, hidden 32, mRoPE sections [2, 3, 3]; a 2-block vision tower with
+    window attention over 2x2 merged windows), seeded random weights (std 0.3: logits of about 8), eval."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": None,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 32,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 56,
+        "fullatt_block_indexes": [1],
+    }
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **_vision_ids(tokenizer))
+    model = Qwen2_5_VLForConditionalGeneration._from_config(
+        config, attn_implementation=attn, dtype=torch.float64
+    )
+    return randomize(model, seed=seed, std=0.3).eval()
+
+
+def tiny_qwen3_vl(tokenizer: Any, attn: str, *, seed: int = 0) -> torch.nn.Module:
+    """A float64 Qwen3-VL (3 text layers, interleaved mRoPE [4, 2, 2], a 3-block vision tower with deepstack
+    features into layers 0 and 1, patch 16), seeded random weights (std 0.3), eval."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [4, 2, 2],
+        "mrope_interleaved": True,
+    }
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "max_position_embeddings": 4096,
+        "pad_token_id": tokenizer.pad_token_id,
+        "rope_parameters": rope,
+    }
+    vision = {
+        "depth": 3,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 32,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 64,
+        "deepstack_visual_indexes": [0, 1],
+    }
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, **_vision_ids(tokenizer))
+    model = Qwen3VLForConditionalGeneration._from_config(
+        config, attn_implementation=attn, dtype=torch.float64
+    )
+    return randomize(model, seed=seed, std=0.3).eval()
 
 
 def tiny_qwen2(attn: str, vocab_size: int, *, seed: int = 0, **overrides: Any) -> Qwen2ForCausalLM:

@@ -1,7 +1,8 @@
 """Dataset preparation utilities for Puzzletron.
 
-The public API is exactly the seed list of names (pinned by ``tests/golden/seed-api.txt``); every name is
-re-exported from the module that owns the concept. Imports are lazy (PEP 562): reading a subset offline
+The public API is the seed list of names (pinned by ``tests/golden/seed-api.txt``) plus
+``build_vlm_batches`` (the native VLM path, `puzzletron.dataset.pipelines.vlm`); every name is re-exported
+from the module that owns the concept. Imports are lazy (PEP 562): reading a subset offline
 does not pay for torch, `datasets` or `huggingface_hub` until a name that needs them is touched.
 
 The packages and which may import which: ``docs/architecture.md``. Import paths of earlier releases
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
         materialize_normalized_conversation_samples,
         materialize_normalized_intersyn_samples,
     )
+    from puzzletron.dataset.pipelines.vlm import build_vlm_batches
     from puzzletron.dataset.sources import (
         TextAcquisitionSpec,
         VlmAcquisitionSpec,
@@ -53,6 +55,7 @@ _OWNERS: dict[str, str] = {
     "materialize_nemotron_vlm_dataset": "sources",
     "materialize_puzzle_kd_dataset": "sources",
     "batch_from_automodel": "clients.automodel.adapter",
+    "build_vlm_batches": "pipelines.vlm",
     "normalize_intersyn_multi": "conversation",
     "normalize_intersyn_single": "conversation",
     "normalize_nemotron_vlm_sample": "conversation",
@@ -73,6 +76,7 @@ __all__ = [
     "TextAcquisitionSpec",
     "VlmAcquisitionSpec",
     "batch_from_automodel",
+    "build_vlm_batches",
     "load_materialized_conversation_dataset",
     "load_materialized_conversation_subset",
     "load_materialized_intersyn_subset",

@@ -32,7 +32,7 @@ from PIL import Image, UnidentifiedImageError
 
 from puzzletron.dataset.errors import ImageError
 
-__all__ = ["HUB_REFERENCE_REASON", "EncodedImage", "encode_image", "extension_for"]
+__all__ = ["HUB_REFERENCE_REASON", "EncodedImage", "decode_rgb", "encode_image", "extension_for"]
 
 # The one reason a Hub row's image reference that is not inside the downloaded files is refused with: it says
 # nothing about the local file system (the file is never looked at). See docs/trust-model.md.
@@ -226,3 +226,16 @@ def encode_image(value: Any, *, where: str = "image", local_paths: bool = True) 
         f"{where}: unsupported image value of type {type(value).__name__}; expected a PIL image, "
         "an {'bytes', 'path'} struct, bytes, a local path or an EncodedImage"
     )
+
+
+def decode_rgb(data: bytes, *, where: str = "image") -> Image.Image:
+    """The image of encoded `data`, decoded and converted to RGB as the VLM pipeline feeds processors:
+    ``Image.open(BytesIO(data)).convert("RGB")``, no EXIF rotation (so its size is the one a subset's
+    manifest records). `ImageError` naming `where` when it does not decode."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError, Warning) as exc:
+        raise ImageError(f"{where}: cannot decode the image ({type(exc).__name__}: {exc})") from exc

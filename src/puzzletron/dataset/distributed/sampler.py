@@ -152,6 +152,18 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
 
         return cls(num_items, dp_rank=dist.get_rank(group), dp_size=dist.get_world_size(group), **options)
 
+    def for_rank(self, dp_rank: int) -> DistributedPackSampler:
+        """A fresh sampler (epoch 0) with these settings for another DP rank."""
+        return type(self)(
+            self.num_items,
+            batch_size=self.batch_size,
+            dp_rank=dp_rank,
+            dp_size=self.dp_size,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+        )
+
     def __len__(self) -> int:
         return steps_per_epoch(
             self.num_items, batch_size=self.batch_size, dp_size=self.dp_size, drop_last=self.drop_last

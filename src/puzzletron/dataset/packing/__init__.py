@@ -1,5 +1,6 @@
-"""Packing samples into rows: the planner (`plan_packing`, pure, over lengths), the sample sources
-(`puzzletron.dataset.packing.sources`: in memory or read from a token store) and the builder
+"""Packing samples into rows: the planner (`plan_packing`, pure, over lengths; `media.plan_vlm` for
+multimodal samples, never cutting an image), the multimodal position ids (`mrope.mrope_ids`), the sample
+sources (`puzzletron.dataset.packing.sources`: in memory or read from a token store) and the builder
 (`build_batch`, rows of samples -> a `PuzzletronBatch` in the spec's layout).
 
 The sources and the builder are imported on first use (PEP 562), so planning alone never loads torch.
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from puzzletron.dataset.errors import PackingError
 from puzzletron.dataset.packing._plan import PackingPlan, plan_packing
 from puzzletron.dataset.packing._units import Units
+from puzzletron.dataset.packing.media import plan_vlm, row_sums
+from puzzletron.dataset.packing.mrope import mrope_ids
 
 if TYPE_CHECKING:
     from puzzletron.dataset.packing._build import build_batch
@@ -35,7 +38,10 @@ __all__ = [
     "Units",
     "build_batch",
     "labels_from_mask",
+    "mrope_ids",
     "plan_packing",
+    "plan_vlm",
+    "row_sums",
     "shift_labels",
 ]
 

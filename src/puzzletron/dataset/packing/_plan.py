@@ -275,6 +275,7 @@ def plan_packing(
     estimated: bool = False,
     seed: int = 0,
     sample_ids: Sequence[str] | None = None,
+    keep_at_least: np.ndarray | None = None,
 ) -> PackingPlan:
     """Plan rows of at most ``spec.pack_size`` tokens for samples of the given lengths (tokens, ``[N]``).
 
@@ -282,7 +283,8 @@ def plan_packing(
     does not depend on batch sizes, worker counts or how the lengths were produced. The seed only orders
     the rows (BFD emits long samples first; a seeded permutation spreads them over the epoch); samples
     inside a row are in ascending index order. ``sample_ids`` (``N`` names) only make error messages
-    clearer.
+    clearer. ``keep_at_least`` ``[N]``: with ``truncate``, no sample is cut shorter than this (a longer
+    one is dropped and counted instead; `cut_long_samples`).
     """
     pack_size = int(spec.pack_size)
     ratio = float(spec.packing_ratio)
@@ -302,12 +304,19 @@ def plan_packing(
     policy = spec.long_samples
     if policy == "raise":
         _refuse_long_samples(arr, pack_size, sample_ids)
-    units = cut_long_samples(arr, pack_size, policy) if policy in ("truncate", "split") else None
+    units = (
+        cut_long_samples(arr, pack_size, policy, keep_at_least=keep_at_least)
+        if policy in ("truncate", "split")
+        else None
+    )
     planned = arr if units is None else units.length
     sample_order, row_offsets, row_lengths, long_idx = _plan_rows(planned, pack_size, capacity, seed)
     for a in (sample_order, row_offsets, row_lengths):
         a.setflags(write=False)
-    cut = arr > pack_size if units is not None else np.zeros(0, dtype=bool)
+    if units is None:
+        cut = np.zeros(0, dtype=bool)
+    else:  # truncated samples are the shortened units (aligned with the samples); split ones the long ones
+        cut = units.length < arr if policy == "truncate" else arr > pack_size
     dropped_tokens = int(planned[long_idx].sum(dtype=np.int64))
     return PackingPlan(
         pack_size=pack_size,

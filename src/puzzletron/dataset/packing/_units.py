@@ -49,15 +49,24 @@ class Units:
         ]
 
 
-def cut_long_samples(lengths: np.ndarray, pack_size: int, policy: str) -> Units | None:
+def cut_long_samples(
+    lengths: np.ndarray, pack_size: int, policy: str, *, keep_at_least: np.ndarray | None = None
+) -> Units | None:
     """The units of ``policy`` (``"truncate"`` or ``"split"``) for samples of ``lengths`` ``[N]``, or ``None``
     when no sample is longer than ``pack_size`` (the units would be the samples themselves).
+
+    ``keep_at_least`` ``[N]`` (truncate only): the shortest prefix a sample may be cut to (a VLM sample's
+    tokens through its last image); a long sample whose ``keep_at_least`` exceeds ``pack_size`` keeps its
+    whole length, so the planner drops it and counts it.
 
     >>> u = cut_long_samples(np.array([3, 10]), 4, "split")
     >>> u.sample.tolist(), u.start.tolist(), u.length.tolist()
     ([0, 1, 1, 1], [0, 0, 4, 8], [3, 4, 4, 2])
     >>> cut_long_samples(np.array([3, 10]), 4, "truncate").length.tolist()
     [3, 4]
+    >>> keep = np.array([0, 4, 5])  # the third sample may not be cut before its 5th token
+    >>> cut_long_samples(np.array([3, 10, 10]), 4, "truncate", keep_at_least=keep).length.tolist()
+    [3, 4, 10]
     """
     n = lengths.shape[0]
     long = lengths > pack_size
@@ -65,10 +74,13 @@ def cut_long_samples(lengths: np.ndarray, pack_size: int, policy: str) -> Units 
         return None
     idx = index_dtype(max(n, 1))
     if policy == "truncate":
+        length = np.minimum(lengths, pack_size).astype(np.int64)
+        if keep_at_least is not None:
+            length = np.where(np.asarray(keep_at_least) > pack_size, lengths, length).astype(np.int64)
         return Units(
             sample=np.arange(n, dtype=idx),
             start=np.zeros(n, dtype=np.int64),
-            length=np.minimum(lengths, pack_size).astype(np.int64),
+            length=length,
             piece=np.zeros(n, dtype=np.int64),
             split=np.zeros(n, dtype=bool),
         )

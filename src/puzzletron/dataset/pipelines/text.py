@@ -16,34 +16,28 @@ tokens; the batches are identical (same fingerprints) to those of the in-memory 
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from puzzletron.dataset.batch import Modality, PuzzletronBatch
+from puzzletron.dataset.batch import Modality
 from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions
-from puzzletron.dataset.distributed import (
-    DistributedPackSampler,
-    PackedBatches,
-    PuzzletronDataLoader,
-    batch_loader,
-)
+from puzzletron.dataset.distributed import DistributedPackSampler, PackedBatches
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import MANIFEST, detect
 from puzzletron.dataset.formats.text_snapshot import load_text_split
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TokenStore
-from puzzletron.dataset.packing import PackingPlan, TokenizedSamples, plan_packing
+from puzzletron.dataset.packing import TokenizedSamples, plan_packing
 from puzzletron.dataset.packing.sources import StoreNames, StoreSamples
+from puzzletron.dataset.pipelines._batches import RankBatches
 from puzzletron.dataset.tokenize import TokenizedText, build_token_store, tokenize_conversations
 
 __all__ = ["TextBatches", "build_batches", "load_text_split"]
 
 
 @dataclass(frozen=True, eq=False)
-class TextBatches:
-    """A text split ready to train on: tokenised, planned, and dealt to one DP rank.
+class TextBatches(RankBatches):
+    """A text split ready to train on: tokenised, planned, and dealt to one DP rank (`RankBatches`).
 
     Iterating yields this rank's `PuzzletronBatch`es of the sampler's current epoch, ``[batch_size, T]``
     each (``T`` = ``pack_size``, ``max_sample_length``, or the padded batch max). Call
@@ -57,33 +51,6 @@ class TextBatches:
     """
 
     tokenized: TokenizedText
-    plan: PackingPlan | None
-    dataset: PackedBatches
-    sampler: DistributedPackSampler
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def __iter__(self) -> Iterator[PuzzletronBatch]:
-        return (self.dataset[key] for key in self.sampler)
-
-    def for_rank(self, dp_rank: int) -> TextBatches:
-        """The same tokens and plan dealt to another DP rank (a fresh sampler at epoch 0, same settings)."""
-        s = self.sampler
-        sampler = DistributedPackSampler(
-            s.num_items,
-            batch_size=s.batch_size,
-            dp_rank=dp_rank,
-            dp_size=s.dp_size,
-            seed=s.seed,
-            shuffle=s.shuffle,
-            drop_last=s.drop_last,
-        )
-        return dataclasses.replace(self, sampler=sampler)
-
-    def loader(self, *, num_workers: int = 0) -> PuzzletronDataLoader:
-        """A DataLoader yielding the same batches (`puzzletron.dataset.distributed.batch_loader`)."""
-        return batch_loader(self, num_workers=num_workers)
 
 
 def build_batches(
@@ -140,7 +107,7 @@ def build_batches(
         shuffle=shuffle,
         drop_last=drop_last,
     )
-    return TextBatches(tokenized, plan, dataset, sampler)
+    return TextBatches(plan=plan, dataset=dataset, sampler=sampler, tokenized=tokenized)
 
 
 def _tokenized(

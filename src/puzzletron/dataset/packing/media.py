@@ -1,0 +1,107 @@
+"""Planning multimodal samples from their exact lengths: packs (``packed_varlen``) or one sample a row
+(``padded_varlen``, ``fixed``), never cutting through an image's tokens. Pure functions of integers.
+
+A VLM sample's length is exact (the VLM store expands every image placeholder as the processor does), so
+the planner packs with no estimate and no headroom beyond ``packing_ratio``, whose seed meaning holds: rows
+are filled to at most ``floor(pack_size * packing_ratio)`` tokens (a single sample longer than that but not
+than ``pack_size`` still gets a row of its own). No row exceeds ``pack_size``, no row is empty.
+
+Samples longer than the row (``pack_size``; ``max_sample_length`` for the unpacked layouts) follow
+``long_samples`` at plan time, counted in the plan (``dropped``, ``cut_samples``, ``cut_tokens``):
+
+- ``drop`` / ``raise``: as for text;
+- ``truncate``: the first ``pack_size`` tokens, only when every image token is among them (``media_end <=
+  pack_size``): the cut falls in the text after the last image. A sample whose images reach past the row
+  is dropped and counted instead;
+- ``split``: refused (a piece after the first would hold image tokens whose image, and the text before it,
+  are in another document).
+
+The unpacked layouts truncate the same way (text after the last image only), dropping what they cannot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from puzzletron.dataset._checks import require_seed
+from puzzletron.dataset.config import PuzzletronDataSpec
+from puzzletron.dataset.errors import ConfigError, PackingError
+from puzzletron.dataset.packing._plan import PackingPlan, plan_packing
+from puzzletron.dataset.packing._units import cut_long_samples
+
+__all__ = ["plan_vlm", "row_sums"]
+
+
+def row_sums(plan: PackingPlan, per_sample: np.ndarray) -> np.ndarray:
+    """``[num_rows]`` int64: the sum of ``per_sample`` ``[N]`` (image tokens, say) over each row's samples
+    (a cut unit counts its whole sample: truncation keeps every image)."""
+    order = plan.sample_order if plan.units is None else plan.units.sample[plan.sample_order]
+    values = np.asarray(per_sample)[order].astype(np.int64)
+    rows = np.repeat(np.arange(plan.num_rows), np.diff(plan.row_offsets))
+    return np.bincount(rows, weights=values, minlength=plan.num_rows).astype(np.int64)
+
+
+def _single_rows(
+    lengths: np.ndarray, media_end: np.ndarray, width: int, seed: int, sample_ids: Sequence[str] | None
+) -> PackingPlan:
+    """One sample (or its truncated unit) a row, in sample order: the unpacked layouts' plan."""
+    units = cut_long_samples(lengths, width, "truncate", keep_at_least=media_end)
+    planned = lengths.astype(np.int64) if units is None else units.length
+    keep = np.flatnonzero(planned <= width)
+    dropped = np.flatnonzero(planned > width)
+    cut = (units.length < lengths) if units is not None else np.zeros(0, dtype=bool)
+    order, offsets, row_lengths = (
+        keep.astype(np.int64),
+        np.arange(keep.size + 1, dtype=np.int64),
+        planned[keep],
+    )
+    for a in (order, offsets, row_lengths):
+        a.setflags(write=False)
+    return PackingPlan(
+        pack_size=width,
+        capacity=width,
+        sample_order=order,
+        row_offsets=offsets,
+        row_lengths=row_lengths,
+        num_samples=int(lengths.shape[0]),
+        total_tokens=int(row_lengths.sum()),
+        dropped=tuple(dropped.tolist()),
+        dropped_tokens=int(planned[dropped].sum()),
+        seed=seed,
+        policy="truncate",
+        units=units,
+        cut_samples=int(cut.sum()),
+        cut_tokens=int((lengths[cut].astype(np.int64) - width).sum()),
+    )
+
+
+def plan_vlm(
+    lengths: np.ndarray,
+    media_end: np.ndarray,
+    spec: PuzzletronDataSpec,
+    *,
+    seed: int = 0,
+    sample_ids: Sequence[str] | None = None,
+) -> PackingPlan:
+    """The plan of multimodal samples of exact ``lengths`` ``[N]`` whose last image token ends at
+    ``media_end`` ``[N]`` (0: no image), for ``spec``'s layout (see the module docstring): packs of
+    ``spec.packing`` for ``packed_varlen`` (rows in a seeded order), else one sample a row in sample order
+    (the sampler shuffles), ``pack_size`` = ``max_sample_length``."""
+    seed = require_seed(seed, error=PackingError)
+    lengths = np.asarray(lengths)
+    media_end = np.asarray(media_end)
+    if lengths.shape != media_end.shape:
+        raise PackingError(f"{lengths.shape[0]} lengths but {media_end.shape[0]} media ends")
+    if spec.packing is None:
+        return _single_rows(lengths, media_end, int(spec.max_sample_length), seed, sample_ids)
+    if spec.packing.long_samples == "split":
+        raise ConfigError(
+            "data.packing.long_samples='split' is not supported for multimodal samples: a piece after the "
+            "first would hold image tokens without their image or the text before it; use 'truncate' (cuts "
+            "only text after the last image), 'drop' or 'raise'"
+        )
+    return plan_packing(
+        lengths, spec.packing, estimated=True, seed=seed, sample_ids=sample_ids, keep_at_least=media_end
+    )  # estimated=True: packing_ratio caps the fill (its seed meaning), though the lengths are exact

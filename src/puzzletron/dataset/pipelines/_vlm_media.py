@@ -1,0 +1,150 @@
+"""The media of a multimodal batch, added at batch time (in DataLoader workers): pixels, grids, mRoPE ids.
+
+`VlmPackedBatches` is the keyed dataset of the VLM pipeline: `PackedBatches` builds the token part from the
+VLM store (ids, shifted labels, masks, packing metadata, in the layout of the spec), then `VlmMedia.attach`
+adds, for the images of the batch's samples in token order:
+
+- the image files, read from the subset, each checked against the SHA-256 the store recorded, decoded as
+  ``Image.open(bytes).convert("RGB")`` (no EXIF rotation) and run through the image processor in one call:
+  ``pixel_values`` ``[patches, 3 * temporal_patch * patch**2]`` in ``pixel_dtype`` and ``image_grid_thw``
+  ``[images, 3]`` (which must be the grids the store holds);
+- ``position_ids`` ``[3, B, T]``: the model's multi-axis positions, every document from 0 (`mrope_ids`),
+  0 on padding; ``mm_token_type_ids`` ``[B, T]`` (1 on image tokens);
+- ``sequence.media_counts`` / ``media_offsets``: images per row, so every split keeps an image with its
+  sample; ``modality`` multimodal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from puzzletron.dataset.batch import Modality, PuzzletronBatch
+from puzzletron.dataset.batch.segments import media_offsets_from_counts
+from puzzletron.dataset.conversation.images import decode_rgb
+from puzzletron.dataset.distributed import BatchKey, PackedBatches
+from puzzletron.dataset.errors import ConfigError, SnapshotError
+from puzzletron.dataset.formats.binary import ragged_arange
+from puzzletron.dataset.formats.manifest import inside
+from puzzletron.dataset.formats.vlm_store import VlmStore
+from puzzletron.dataset.packing import Units, mrope_ids
+from puzzletron.dataset.tokenize import VlmProcessor, vlm_processor
+
+__all__ = ["VlmMedia", "VlmPackedBatches", "check_processor"]
+
+
+def check_processor(store: VlmStore, parts: VlmProcessor) -> None:
+    """`ConfigError` unless `parts` is the processor the store's tokens and grids were built with (image
+    token, patch and merge sizes, pixel limits)."""
+    facts = {"image_token_id": parts.image_token_id, **parts.grid.facts()}
+    differing = [f"{k}: store {store.processor.get(k)!r} vs processor {v!r}" for k, v in facts.items()
+                 if store.processor.get(k) != v]  # fmt: skip
+    if differing:
+        raise ConfigError(
+            f"the processor does not match the VLM store {store.path} ({'; '.join(differing)}); pass the "
+            "processor the store was built with"
+        )
+
+
+@dataclass(frozen=True)
+class VlmMedia:
+    """What adding media needs: the store, the subset holding the images, the processor (a directory
+    path is loaded once per process) and the dtype of ``pixel_values``."""
+
+    store: VlmStore
+    subset: Path
+    processor: Any
+    pixel_dtype: torch.dtype = torch.float32
+
+    def _images(self, images: np.ndarray) -> list[Any]:
+        """The decoded images ``images`` (indices into the store's image table), SHA-256 checked."""
+        out = []
+        for index, (rel, digest) in zip(images.tolist(), self.store.image_refs(images), strict=True):
+            where = f"{self.subset}: image {rel!r} (image {index} of the VLM store)"
+            path = inside(self.subset, rel, where, noun="image path")
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise SnapshotError(f"{where}: cannot read it: {exc}") from exc
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise SnapshotError(f"{where}: SHA-256 differs from the one the store recorded (changed?)")
+            out.append(decode_rgb(data, where=where))
+        return out
+
+    def _pixels(self, images: np.ndarray, grid: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = vlm_processor(self.processor)
+        if not images.size:
+            g = parts.grid
+            width = 3 * g.temporal_patch_size * g.patch_size**2
+            return torch.zeros(0, width, dtype=self.pixel_dtype), torch.zeros(0, 3, dtype=torch.long)
+        pixels, got = parts.pixels(self._images(images))
+        want = torch.from_numpy(grid)
+        if not torch.equal(got.long(), want):
+            bad = int(torch.nonzero((got.long() != want).any(dim=1))[0])
+            raise SnapshotError(
+                f"image {int(images[bad])} of the VLM store {self.store.path}: the image processor gives "
+                f"grid {got[bad].tolist()}, the store holds {want[bad].tolist()} (another processor?)"
+            )
+        return pixels.to(self.pixel_dtype), want
+
+    def attach(
+        self, batch: PuzzletronBatch, rows: Sequence[Sequence[int]], units: Units | None
+    ) -> PuzzletronBatch:
+        """`batch` (built from the store's tokens for `rows` of units) with its media (module docstring)."""
+        store = self.store
+        order = np.fromiter((i for row in rows for i in row), dtype=np.int64)
+        samples = order if units is None else units.sample[order].astype(np.int64)
+        first = np.asarray(store.image_offsets[samples], dtype=np.int64)
+        count = np.asarray(store.image_offsets[samples + 1], dtype=np.int64) - first
+        images = ragged_arange(first, count)
+        grid = np.asarray(store.grid[images], dtype=np.int64).reshape(-1, 3)
+        pixel_values, image_grid = self._pixels(images, grid)
+        per_row = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+        row_of = np.repeat(np.arange(len(rows)), per_row)
+        counts = torch.from_numpy(np.bincount(row_of, weights=count, minlength=len(rows)).astype(np.int64))
+        ids, valid = batch.input_ids.numpy(), batch.hidden_mask.numpy()
+        image = (ids == store.image_token_id) & valid
+        b, t = ids.shape
+        if batch.sequence.seq_ids is not None:
+            doc = batch.sequence.seq_ids.numpy()
+        else:
+            doc = np.broadcast_to(np.arange(b)[:, None], (b, t))
+        doc = np.where(valid, doc, -1 - np.arange(b)[:, None])  # a padding run is a document of its own
+        positions = mrope_ids(image.reshape(-1), doc.reshape(-1), grid, store.merge_size).reshape(3, b, t)
+        positions = np.where(valid[None], positions, 0)
+        kwargs = {
+            **batch.model_kwargs,
+            "position_ids": torch.from_numpy(positions),
+            "mm_token_type_ids": torch.from_numpy(image.astype(np.int64)),
+            "pixel_values": pixel_values,
+            "image_grid_thw": image_grid,
+        }
+        sequence = dataclasses.replace(
+            batch.sequence, media_counts=counts, media_offsets=media_offsets_from_counts(counts)
+        )
+        return dataclasses.replace(
+            batch, model_kwargs=kwargs, sequence=sequence, modality=Modality.MULTIMODAL
+        )
+
+
+@dataclass(frozen=True)
+class VlmPackedBatches(PackedBatches):
+    """`PackedBatches` over a VLM store whose batches carry their media (`VlmMedia`)."""
+
+    media: VlmMedia | None = None
+
+    def __getitem__(self, key: BatchKey) -> PuzzletronBatch:
+        batch = super().__getitem__(key)
+        if self.media is None:
+            raise ConfigError(
+                "building VLM batches needs the processor and the subset the store was built from: pass "
+                "processor= and subset= to build_vlm_batches (planning alone needs neither)"
+            )
+        return self.media.attach(batch, self.rows(key), self.plan.units if self.plan is not None else None)

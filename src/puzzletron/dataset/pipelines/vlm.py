@@ -1,0 +1,163 @@
+"""From a conversation subset (or its VLM store) to this DP rank's multimodal batches: planned once, exact.
+
+`build_vlm_batches` is the one call::
+
+    batches = build_vlm_batches("subsets/vlm", processor="qwen2_5_vl/", spec=spec, batch_size=1,
+                                dp_rank=rank, dp_size=world, cache_dir="stores/")
+    for batch in batches.loader(num_workers=2): ...      # PuzzletronBatch, modality multimodal
+
+1. The subset is tokenised once into a content-addressed VLM store in ``cache_dir``
+   (`puzzletron.dataset.tokenize.vlm_store`; shared by every rank and restart; under an initialised
+   `torch.distributed` group the ranks share the work). A VLM store folder is used as it is.
+2. The plan comes from the store's exact lengths (`puzzletron.dataset.packing.media.plan_vlm`): no estimate,
+   no pack over ``pack_size``, no empty pack, long samples per ``long_samples`` (never cut through an
+   image), counted in ``.plan``. Planning needs no processor and reads only the store's index.
+3. The packs are dealt to steps and ranks by `DistributedPackSampler`: with ``balance=True`` a media-balanced
+   deal (`puzzletron.dataset.packing.balance`) that evens image and real tokens across the ranks of a step
+   and over the epoch, from a seeded shuffle.
+4. A batch is built when its key is read (in DataLoader workers): tokens from the store, then pixels, grids
+   and multi-axis position ids (`puzzletron.dataset.pipelines._vlm_media`).
+
+Layouts: ``packed_varlen`` (the point), ``padded_varlen`` and ``fixed`` (one sample a row).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from puzzletron.dataset._checks import require_positive
+from puzzletron.dataset.batch import Modality
+from puzzletron.dataset.config import PuzzletronDataSpec
+from puzzletron.dataset.distributed import DistributedPackSampler
+from puzzletron.dataset.errors import ConfigError, SnapshotError
+from puzzletron.dataset.formats import MANIFEST, detect
+from puzzletron.dataset.formats.manifest import sha256_file
+from puzzletron.dataset.formats.subset import SUBSET_FORMAT
+from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT, VlmStore
+from puzzletron.dataset.packing import StoreNames, StoreSamples, plan_vlm
+from puzzletron.dataset.pipelines._batches import RankBatches
+from puzzletron.dataset.pipelines._vlm_media import VlmMedia, VlmPackedBatches, check_processor
+from puzzletron.dataset.tokenize import build_vlm_store, vlm_processor
+from puzzletron.dataset.tokenize.vlm_store import DEFAULT_ROWS_PER_SHARD
+
+__all__ = ["VlmBatches", "build_vlm_batches"]
+
+
+@dataclass(frozen=True, eq=False)
+class VlmBatches(RankBatches):
+    """A subset ready to train a VLM on: tokenised (``store``), planned (``plan``: packs, or one sample a
+    row), dealt to one DP rank (``sampler``), batches built by ``dataset`` (`RankBatches`)."""
+
+    store: VlmStore
+
+
+def _format(path: Path) -> str | None:
+    if not (path / MANIFEST).is_file():
+        return None
+    try:
+        return detect(path)
+    except SnapshotError:
+        return None
+
+
+def _store(
+    source: Path, processor: Any, subset: Path | None, cache_dir: Any, num_proc: int, rows_per_shard: int
+) -> tuple[VlmStore, Path | None]:
+    """The VLM store of ``source`` (a store, or a subset built or reused in ``cache_dir``) and the subset
+    its images are read from (None: not given; batches then cannot be built)."""
+    fmt = _format(source)
+    if fmt == VLM_STORE_FORMAT:
+        return VlmStore(source), subset
+    if fmt != SUBSET_FORMAT:
+        raise ConfigError(f"build_vlm_batches: {source} is neither a conversation subset nor a VLM store")
+    if processor is None or cache_dir is None:
+        raise ConfigError(
+            f"build_vlm_batches: {source} is a subset: give processor= and cache_dir= (the VLM store is "
+            "built there once), or pass a VLM store folder"
+        )
+    path = build_vlm_store(
+        source, processor=processor, cache_dir=cache_dir, num_proc=num_proc, rows_per_shard=rows_per_shard
+    )
+    return VlmStore(path), source
+
+
+def _check_subset(store: VlmStore, subset: Path) -> None:
+    """`SnapshotError` unless `subset` is the subset the store was built from (its manifest's SHA-256)."""
+    recorded = store.manifest["identity"]["subset"]["manifest_sha256"]
+    if not (subset / MANIFEST).is_file() or sha256_file(subset / MANIFEST) != recorded:
+        raise SnapshotError(f"{subset} is not the subset the VLM store {store.path} was built from")
+
+
+def build_vlm_batches(
+    source: str | Path,
+    *,
+    processor: Any,
+    spec: PuzzletronDataSpec,
+    batch_size: int,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    num_proc: int = 1,
+    cache_dir: str | Path | None = None,
+    subset: str | Path | None = None,
+    pad_to_multiple_of: int = 1,
+    pixel_dtype: torch.dtype = torch.float32,
+    balance: bool = True,
+    rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
+) -> VlmBatches:
+    """Subset (or VLM store) + processor + `PuzzletronDataSpec` -> this DP rank's multimodal batches.
+
+    ``source``: a conversation subset folder (then ``processor`` and ``cache_dir`` build or reuse its VLM
+    store there; ``num_proc`` processes, ``rows_per_shard`` part of its identity) or a VLM store folder
+    (planning then needs no processor; building batches needs ``processor`` and ``subset``, the subset the
+    store was built from, whose images it reads). ``processor``: an HF processor object or a local
+    directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); it must be the store's. ``spec.modality`` is multimodal;
+    layouts as in `build_batches` (``pad_to_multiple_of`` for ``padded_varlen``). ``batch_size`` rows per
+    batch per rank; ``seed`` orders the packs and the epochs' deals; ``balance`` evens image and real tokens
+    across the ranks of a step (``shuffle=False`` keeps the plan's order). ``pixel_dtype``: the dtype of
+    ``pixel_values`` (the processor gives float32; ``torch.bfloat16`` halves the bytes).
+    """
+    if Modality(spec.modality) is not Modality.MULTIMODAL:
+        raise ConfigError(
+            f"build_vlm_batches builds multimodal batches; data.modality is {Modality(spec.modality).value}"
+        )
+    if not isinstance(pixel_dtype, torch.dtype) or not pixel_dtype.is_floating_point:
+        raise ConfigError(f"pixel_dtype must be a floating torch.dtype; got {pixel_dtype!r}")
+    require_positive(pad_to_multiple_of, "pad_to_multiple_of", error=ConfigError)
+    root = Path(os.path.abspath(source))
+    subset_root = Path(os.path.abspath(subset)) if subset is not None else None
+    store, images_from = _store(root, processor, subset_root, cache_dir, num_proc, rows_per_shard)
+    if processor is not None:
+        check_processor(store, vlm_processor(processor))
+    if images_from is not None and images_from != root:
+        _check_subset(store, images_from)
+    plan = plan_vlm(store.lengths, store.media_end, spec, seed=seed, sample_ids=StoreNames(store))
+    media = None
+    if processor is not None and images_from is not None:
+        proc = str(processor) if isinstance(processor, str | Path) else processor
+        media = VlmMedia(store, images_from, proc, pixel_dtype)
+    dataset = VlmPackedBatches(
+        StoreSamples(store),
+        spec,
+        plan,
+        pad_token_id=store.pad_token_id,
+        pad_to_multiple_of=pad_to_multiple_of,
+        media=media,
+    )
+    sampler = DistributedPackSampler(
+        plan.num_rows,
+        batch_size=batch_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=seed,
+        shuffle=shuffle,
+        drop_last=drop_last,
+    )
+    return VlmBatches(plan=plan, dataset=dataset, sampler=sampler, store=store)

@@ -1,0 +1,127 @@
+"""Where `build_vlm_batches` gets its samples and images: a subset (its VLM store built once in a cache
+directory, then reused without the processor being loaded), or a store folder (planned with no processor;
+batches need the processor and the subset it was built from), and the clear errors of everything else: a
+text spec, another processor, another subset, a changed image file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from puzzletron.dataset.config import PuzzletronDataSpec
+from puzzletron.dataset.errors import ConfigError, SnapshotError
+from puzzletron.dataset.pipelines.vlm import build_vlm_batches
+from puzzletron.dataset.tokenize import vlm_store as build_module
+
+SPEC = PuzzletronDataSpec.from_mapping(
+    {
+        "modality": "multimodal",
+        "layout": "packed_varlen",
+        "max_sample_length": 512,
+        "packing": {"pack_size": 512},
+    }
+)
+
+
+def test_a_subset_is_tokenised_once_into_the_cache_and_reused_without_the_processor(
+    vlm_subset: Path, processor_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    first = build_vlm_batches(
+        vlm_subset, processor=processor_dirs["qwen3_vl"], spec=SPEC, batch_size=2, cache_dir=cache
+    )
+    fingerprints = [b.fingerprint for b in first]
+    (store,) = cache.iterdir()
+
+    def never(*args, **kwargs):
+        raise AssertionError("a reused store must not be tokenised again")
+
+    monkeypatch.setattr(build_module, "tokenize_batch", never)
+    again = build_vlm_batches(
+        vlm_subset, processor=processor_dirs["qwen3_vl"], spec=SPEC, batch_size=2, cache_dir=cache
+    )
+    assert again.store.path == store and [b.fingerprint for b in again] == fingerprints
+
+
+def test_a_store_is_planned_without_a_processor_and_built_with_one(
+    vlm_stores: dict[str, Path], vlm_subset: Path, processor_dirs: dict[str, Path]
+) -> None:
+    planned = build_vlm_batches(vlm_stores["qwen2_5_vl"], processor=None, spec=SPEC, batch_size=2)
+    assert planned.plan.num_samples == 38 and len(planned) > 0
+    with pytest.raises(ConfigError, match="pass processor= and subset= to build_vlm_batches"):
+        next(iter(planned))
+    full = build_vlm_batches(
+        vlm_stores["qwen2_5_vl"],
+        processor=processor_dirs["qwen2_5_vl"],
+        subset=vlm_subset,
+        spec=SPEC,
+        batch_size=2,
+    )
+    assert full.plan.sample_order.tolist() == planned.plan.sample_order.tolist()
+    assert next(iter(full)).model_kwargs["pixel_values"].shape[0] > 0
+
+
+def test_a_text_spec_or_a_foreign_source_is_a_config_error(
+    vlm_stores: dict[str, Path], processor_dirs: dict[str, Path], vlm_subset: Path, snapshot: Path
+) -> None:
+    text = PuzzletronDataSpec.from_mapping({"modality": "text", "layout": "fixed", "max_sample_length": 64})
+    with pytest.raises(ConfigError, match=r"builds multimodal batches; data\.modality is text"):
+        build_vlm_batches(vlm_stores["qwen2_5_vl"], processor=None, spec=text, batch_size=1)
+    with pytest.raises(ConfigError, match="is neither a conversation subset nor a VLM store"):
+        build_vlm_batches(snapshot, processor=None, spec=SPEC, batch_size=1)
+    with pytest.raises(ConfigError, match=r"is a subset: give processor= and cache_dir=\S*"):
+        build_vlm_batches(vlm_subset, processor=processor_dirs["qwen2_5_vl"], spec=SPEC, batch_size=1)
+    with pytest.raises(ConfigError, match=r"pixel_dtype must be a floating torch\.dtype"):
+        build_vlm_batches(vlm_subset, processor=None, spec=SPEC, batch_size=1, pixel_dtype="bf16")
+
+
+def test_another_processor_or_subset_is_refused(
+    vlm_stores: dict[str, Path], processor_dirs: dict[str, Path], vlm_subset: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(
+        ConfigError, match=r"does not match the VLM store .*patch_size: store 14 vs processor 16"
+    ):
+        build_vlm_batches(
+            vlm_stores["qwen2_5_vl"],
+            processor=processor_dirs["qwen3_vl"],
+            subset=vlm_subset,
+            spec=SPEC,
+            batch_size=1,
+        )
+    other = shutil.copytree(vlm_subset, tmp_path / "other")
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["acquisition"] = {"edited": True}
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SnapshotError, match=r"is not the subset the VLM store \S+ was built from"):
+        build_vlm_batches(
+            vlm_stores["qwen2_5_vl"],
+            processor=processor_dirs["qwen2_5_vl"],
+            subset=other,
+            spec=SPEC,
+            batch_size=1,
+        )
+
+
+def test_a_changed_image_file_is_refused_at_batch_time(
+    vlm_stores: dict[str, Path], processor_dirs: dict[str, Path], vlm_subset: Path, tmp_path: Path
+) -> None:
+    copy = shutil.copytree(vlm_subset, tmp_path / "subset")
+    batches = build_vlm_batches(
+        vlm_stores["qwen2_5_vl"],
+        processor=processor_dirs["qwen2_5_vl"],
+        subset=copy,
+        spec=SPEC,
+        batch_size=8,
+        shuffle=False,
+    )
+    rel, _ = batches.store.image_refs([0])[0]
+    data = bytearray((copy / rel).read_bytes())
+    data[-1] ^= 1  # the same size: only its SHA-256 tells
+    (copy / rel).write_bytes(bytes(data))
+    with pytest.raises(
+        SnapshotError, match=rf"image '{rel}' .*SHA-256 differs from the one the store recorded"
+    ):
+        list(batches)
