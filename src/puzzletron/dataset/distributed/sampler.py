@@ -14,6 +14,9 @@ slot is ``-1`` and becomes a fully masked row; a rank whose whole tail batch is 
 batch marked ``padding`` (every rank still runs the same number of steps, so collectives line up). With
 ``drop_last=True`` the incomplete last step is dropped instead.
 
+With ``loads`` (each item's image and real tokens) the deal is media-balanced instead
+(`puzzletron.dataset.packing.balance.balanced_deal`: the same shape and contract, the ranks of a step even).
+
 `DistributedPackSampler` yields one `BatchKey` per step for its rank (use it as a DataLoader ``sampler``
 with ``batch_size=None``); `puzzletron.dataset.distributed.batches.PackedBatches` turns a key into a
 `PuzzletronBatch`. Resuming:
@@ -34,6 +37,7 @@ import torch
 
 from puzzletron.dataset._checks import is_int, require_int, require_seed
 from puzzletron.dataset.errors import ConfigError
+from puzzletron.dataset.packing.balance import balanced_deal
 
 __all__ = ["BatchKey", "DistributedPackSampler", "deal_epoch", "steps_per_epoch"]
 
@@ -113,6 +117,8 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
 
     ``num_items`` packs (rows of a `PackingPlan`) or samples; ``batch_size`` items per rank per step. Call
     `set_epoch` before each epoch. `state_dict` / `load_state_dict` resume mid-epoch at the next batch.
+    ``loads`` ``[num_items, 2]`` (image tokens, real tokens of each item): deal media-balanced
+    (`balanced_deal`) rather than by a plain permutation.
     """
 
     def __init__(
@@ -125,6 +131,7 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
         seed: int,
         shuffle: bool = True,
         drop_last: bool = False,
+        loads: np.ndarray | None = None,
     ) -> None:
         require_int(batch_size, "batch_size", minimum=1, error=ConfigError)
         require_int(dp_size, "dp_size", minimum=1, error=ConfigError)
@@ -138,6 +145,12 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
+        if loads is not None:
+            loads = np.asarray(loads, dtype=np.int64)
+            if loads.shape != (self.num_items, 2):
+                raise ConfigError(f"loads must be [num_items, 2] = [{self.num_items}, 2]; got {loads.shape}")
+            loads.setflags(write=False)
+        self.loads = loads
         self.epoch = 0
         self._resume = 0  # first step of the next iteration (a resume point, used once)
         self._position = 0  # next step of the current iteration
@@ -162,6 +175,7 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
             seed=self.seed,
             shuffle=self.shuffle,
             drop_last=self.drop_last,
+            loads=self.loads,
         )
 
     def __len__(self) -> int:
@@ -179,15 +193,12 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
     def deal(self) -> np.ndarray:
         """The whole epoch's deal ``[steps, dp_size, batch_size]`` (cached per epoch)."""
         if self._cached is None or self._cached[0] != self.epoch:
-            deal = deal_epoch(
-                self.num_items,
-                batch_size=self.batch_size,
-                dp_size=self.dp_size,
-                seed=self.seed,
-                epoch=self.epoch,
-                shuffle=self.shuffle,
-                drop_last=self.drop_last,
-            )
+            options = {"batch_size": self.batch_size, "dp_size": self.dp_size, "seed": self.seed}
+            options |= {"epoch": self.epoch, "shuffle": self.shuffle, "drop_last": self.drop_last}
+            if self.loads is None:
+                deal = deal_epoch(self.num_items, **options)
+            else:
+                deal = balanced_deal(self.loads[:, 0], self.loads[:, 1], **options)
             deal.setflags(write=False)
             self._cached = (self.epoch, deal)
         return self._cached[1]
@@ -214,7 +225,7 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
         if not 0 <= consumed <= len(self):
             raise ConfigError(f"consumed must be in 0..{len(self)}, got {consumed}")
         state = {name: getattr(self, name) for name in _STATE_KEYS}
-        return {**state, "epoch": self.epoch, "next_step": int(consumed)}
+        return {**state, "balanced": self.loads is not None, "epoch": self.epoch, "next_step": int(consumed)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue at ``state["next_step"]`` of ``state["epoch"]``; the deal settings must match."""
@@ -226,6 +237,11 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
                     f"sampler state has {name}={state[name]!r} but this sampler has {getattr(self, name)!r}; "
                     "resume with the same deal settings"
                 )
+        if bool(state.get("balanced", False)) != (self.loads is not None):
+            raise ConfigError(
+                f"sampler state has balanced={bool(state.get('balanced', False))} but this sampler has "
+                f"{self.loads is not None}; resume with the same deal settings"
+            )
         if not 0 <= int(state["next_step"]) <= len(self):
             raise ConfigError(f"sampler state next_step={state['next_step']} outside 0..{len(self)}")
         self.epoch = int(state["epoch"])

@@ -1,5 +1,6 @@
 """Packing samples into rows: the planner (`plan_packing`, pure, over lengths; `media.plan_vlm` for
-multimodal samples, never cutting an image), the multimodal position ids (`mrope.mrope_ids`), the sample
+multimodal samples, never cutting an image), the media-balanced deal of packs to steps and ranks
+(`balance.balanced_deal`), the multimodal position ids (`mrope.mrope_ids`), the sample
 sources (`puzzletron.dataset.packing.sources`: in memory or read from a token store) and the builder
 (`build_batch`, rows of samples -> a `PuzzletronBatch` in the spec's layout).
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from puzzletron.dataset.errors import PackingError
 from puzzletron.dataset.packing._plan import PackingPlan, plan_packing
 from puzzletron.dataset.packing._units import Units
+from puzzletron.dataset.packing.balance import balance_report, balanced_deal
 from puzzletron.dataset.packing.media import plan_vlm, row_sums
 from puzzletron.dataset.packing.mrope import mrope_ids
 
@@ -36,6 +38,8 @@ __all__ = [
     "StoreSamples",
     "TokenizedSamples",
     "Units",
+    "balance_report",
+    "balanced_deal",
     "build_batch",
     "labels_from_mask",
     "mrope_ids",

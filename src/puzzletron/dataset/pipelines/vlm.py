@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from puzzletron.dataset._checks import require_positive
@@ -39,7 +40,7 @@ from puzzletron.dataset.formats import MANIFEST, detect
 from puzzletron.dataset.formats.manifest import sha256_file
 from puzzletron.dataset.formats.subset import SUBSET_FORMAT
 from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT, VlmStore
-from puzzletron.dataset.packing import StoreNames, StoreSamples, plan_vlm
+from puzzletron.dataset.packing import StoreNames, StoreSamples, plan_vlm, row_sums
 from puzzletron.dataset.pipelines._batches import RankBatches
 from puzzletron.dataset.pipelines._vlm_media import VlmMedia, VlmPackedBatches, check_processor
 from puzzletron.dataset.tokenize import build_vlm_store, vlm_processor
@@ -151,6 +152,7 @@ def build_vlm_batches(
         pad_to_multiple_of=pad_to_multiple_of,
         media=media,
     )
+    loads = np.stack([row_sums(plan, store.image_tokens), plan.row_lengths], axis=1) if balance else None
     sampler = DistributedPackSampler(
         plan.num_rows,
         batch_size=batch_size,
@@ -159,5 +161,6 @@ def build_vlm_batches(
         seed=seed,
         shuffle=shuffle,
         drop_last=drop_last,
+        loads=loads,
     )
     return VlmBatches(plan=plan, dataset=dataset, sampler=sampler, store=store)
