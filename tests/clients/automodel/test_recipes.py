@@ -266,11 +266,13 @@ def _vlm_model_dir(directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "neat_packed"])
 def test_vlm_finetune_recipe_trains_on_the_conversation_factory(
-    cpu_patches: dict[str, Any], tmp_path: Path
+    cpu_patches: dict[str, Any], tmp_path: Path, packed: bool
 ) -> None:
     subset = tmp_path / "subset"
-    materialize_normalized_conversation_samples((_vlm_sample(i) for i in range(8)), subset)
+    samples = 24 if packed else 8  # neat packing puts about 3 in a pack: 3 steps of 2 packs need 18+
+    materialize_normalized_conversation_samples((_vlm_sample(i) for i in range(samples)), subset)
     model_dir = _vlm_model_dir(tmp_path / "model")
     model = {
         "_target_": "nemo_automodel.NeMoAutoModelForImageTextToText.from_config",
@@ -287,10 +289,21 @@ def test_vlm_finetune_recipe_trains_on_the_conversation_factory(
         "dataset": {
             "_target_": "puzzletron.dataset.load_materialized_conversation_dataset",
             "path_or_dataset": str(subset),
-            "num_samples": 8,
+            "num_samples": samples,
+            "processor_path": str(model_dir),  # the length hints: mm_inputs_meta and exact _text_tokens
+            "cache_dir": str(tmp_path / "stores"),
         },
     }
+    if packed:  # AutoModel's neat VLM packing estimates every length from the hints
+        config["packed_sequence"] = {"pack_size": 128, "packing_ratio": 0.9}
+        config["dataset"]["inject_fake_images"] = False
     recipe, _, _ = _run(
         cpu_patches["vlm"].FinetuneRecipeForVLM, _write_yaml(tmp_path / "vlm.yaml", config), tmp_path
     )
     assert type(recipe.processor).__name__ == "Qwen2_5_VLProcessor"
+    from puzzletron.dataset import load_materialized_conversation_dataset
+
+    item = load_materialized_conversation_dataset(
+        subset, processor_path=model_dir, cache_dir=tmp_path / "stores"
+    )[0]
+    assert item["mm_inputs_meta"] == {"images_meta": [[56, 56]]} and item["_text_tokens"] > 0

@@ -12,6 +12,19 @@
 Order: round-robin over the `(source.dataset, source.revision)` groups (in order of first appearance),
 keeping each group's own order; then the first `num_samples`. Items are read lazily through the subset's
 offset index, so building a dataset over a large subset parses no samples.
+
+Length hints for AutoModel's neat VLM packing (``_estimate_sample_length`` in
+``nemo_automodel/components/datasets/vlm/neat_packing_vlm.py``, which reads exactly these keys): items of a
+subset folder carry ``mm_inputs_meta = {"images_meta": [[height, width], ...]}`` (lists, height first; the
+subset manifest's sizes), so AutoModel resizes each image with the processor's pixel limits instead of
+guessing 500 tokens. Given the subset's VLM store (``vlm_store``, or ``processor_path`` + ``cache_dir`` to
+build or reuse it, `puzzletron.dataset.tokenize.vlm_store`), items also carry ``_text_tokens``: every
+non-image token of the sample's templated sequence, exact, so AutoModel's estimate is the true length::
+
+    dataset:
+      _target_: puzzletron.dataset.load_materialized_conversation_dataset
+      path_or_dataset: /data/subsets/vlm
+      vlm_store: /data/stores/vlm        # or processor_path: /models/qwen2_5_vl + cache_dir: /data/stores
 """
 
 from __future__ import annotations
@@ -19,18 +32,39 @@ from __future__ import annotations
 import copy
 import operator
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Dataset
 
 from puzzletron.dataset._checks import did_you_mean, require_bool, require_int
-from puzzletron.dataset.errors import ConfigError, ConversationError
+from puzzletron.dataset.errors import ConfigError, ConversationError, SnapshotError
+from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
 from puzzletron.dataset.formats.subset.reader import SubsetReader
+from puzzletron.dataset.formats.vlm_store import VlmStore
+from puzzletron.dataset.tokenize import build_vlm_store
 
-__all__ = ["ConversationDataset", "load_materialized_conversation_dataset", "round_robin_order"]
+__all__ = [
+    "ConversationDataset",
+    "LengthHints",
+    "length_hints",
+    "load_materialized_conversation_dataset",
+    "round_robin_order",
+]
 
-_OPTIONS = ("num_samples", "seq_length", "pretokenize", "truncate", "inject_fake_images", "max_length")
+_OPTIONS = (
+    "num_samples",
+    "seq_length",
+    "pretokenize",
+    "truncate",
+    "inject_fake_images",
+    "max_length",
+    "vlm_store",
+    "processor_path",
+    "cache_dir",
+)
 
 
 def round_robin_order(groups: Sequence[int]) -> list[int]:
@@ -62,15 +96,59 @@ def _group_ids(samples: Sequence[Mapping[str, Any]]) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class LengthHints:
+    """Per subset sample: its images' ``[height, width]`` (rows ``start[i] .. start[i + 1]`` of ``sizes``)
+    and, when a VLM store was given, its exact non-image tokens (``text_tokens``, -1 for a row the store
+    skipped)."""
+
+    start: np.ndarray
+    sizes: np.ndarray
+    text_tokens: np.ndarray | None = None
+
+    def item(self, index: int) -> dict[str, Any]:
+        """The hint keys of sample ``index`` as AutoModel reads them."""
+        a, b = int(self.start[index]), int(self.start[index + 1])
+        out: dict[str, Any] = {"mm_inputs_meta": {"images_meta": self.sizes[a:b].tolist()}}
+        if self.text_tokens is not None and self.text_tokens[index] >= 0:
+            out["_text_tokens"] = int(self.text_tokens[index])
+        return out
+
+
+def length_hints(reader: SubsetReader, store: VlmStore | None = None) -> LengthHints:
+    """The `LengthHints` of a subset (its manifest's image sizes) and, with its VLM ``store``, exact text
+    tokens; `SnapshotError` when the store was built from another subset."""
+    records = sorted(reader.manifest["images"], key=lambda r: (r["sample_index"], r["image_index"]))
+    n = len(reader)
+    owner = np.fromiter((r["sample_index"] for r in records), np.int64, len(records))
+    start = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=n)[:n])]).astype(np.int64)
+    sizes = np.array([[int(r["height"]), int(r["width"])] for r in records], dtype=np.int64).reshape(-1, 2)
+    if store is None:
+        return LengthHints(start, sizes)
+    if store.manifest["identity"]["subset"]["manifest_sha256"] != sha256_file(reader.root / MANIFEST):
+        raise SnapshotError(f"{store.path} is not the VLM store of the subset {reader.root}")
+    rows = np.fromiter((int(i.split(":")[0]) for i in store.sample_ids(np.arange(len(store)))), np.int64)
+    text = np.full(n, -1, dtype=np.int64)
+    text[rows] = store.lengths.astype(np.int64) - store.image_tokens.astype(np.int64)
+    return LengthHints(start, sizes, text)
+
+
 class ConversationDataset(Dataset):
-    """A map-style, `Sized` dataset of `{"conversation": [...], ...}` items; each item is a fresh copy."""
+    """A map-style, `Sized` dataset of `{"conversation": [...], ...}` items; each item is a fresh copy (with
+    AutoModel's length hints when ``hints`` are given: `LengthHints`)."""
 
     def __init__(
-        self, samples: Sequence[Mapping[str, Any]], order: Sequence[int], *, options: Mapping[str, Any]
+        self,
+        samples: Sequence[Mapping[str, Any]],
+        order: Sequence[int],
+        *,
+        options: Mapping[str, Any],
+        hints: LengthHints | None = None,
     ):
         self._samples = samples
         self._order = list(order)
         self.options = dict(options)  # the AutoModel controls as given (informational)
+        self.hints = hints
 
     def __len__(self) -> int:
         return len(self._order)
@@ -78,9 +156,11 @@ class ConversationDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         if isinstance(index, bool):
             raise TypeError("dataset index must be an integer, got a bool")  # the sequence protocol's error
-        sample = self._samples[self._order[operator.index(index)]]
+        position = self._order[operator.index(index)]
+        sample = self._samples[position]
         # A SubsetReader already returns a fresh dict per call; an in-memory list must not leak its own.
-        return sample if isinstance(self._samples, SubsetReader) else copy.deepcopy(dict(sample))
+        item = sample if isinstance(self._samples, SubsetReader) else copy.deepcopy(dict(sample))
+        return item if self.hints is None else {**item, **self.hints.item(position)}
 
 
 def load_materialized_conversation_dataset(
@@ -92,6 +172,9 @@ def load_materialized_conversation_dataset(
     truncate: bool | None = None,
     inject_fake_images: bool | None = None,
     max_length: int | None = None,
+    vlm_store: str | Path | None = None,
+    processor_path: str | Path | None = None,
+    cache_dir: str | Path | None = None,
     **unknown: Any,
 ) -> ConversationDataset:
     """Hydra-friendly AutoModel VLM dataset factory for the offline subset.
@@ -100,7 +183,10 @@ def load_materialized_conversation_dataset(
     that it consumes after construction. Accept those declared controls explicitly so config composition stays
     transparent, but reject misspelled or otherwise unknown fields (`TypeError` naming them).
 
-    `path_or_dataset` is a subset directory or an in-memory sequence of normalised samples.
+    `path_or_dataset` is a subset directory or an in-memory sequence of normalised samples. Items of a
+    subset directory carry AutoModel's length hints (module docstring): ``mm_inputs_meta`` always,
+    ``_text_tokens`` from ``vlm_store`` (the subset's VLM store) or from the store ``processor_path`` builds
+    or reuses in ``cache_dir``.
     """
     if unknown:
         hints = [f"{name!r}{did_you_mean(name, (*_OPTIONS, 'path_or_dataset'))}" for name in sorted(unknown)]
@@ -119,10 +205,22 @@ def load_materialized_conversation_dataset(
     ):
         if value is not None:
             require_bool(value, name, error=ConfigError)
+    hints = None
     if isinstance(path_or_dataset, str | Path):
         samples: Sequence[Mapping[str, Any]] = SubsetReader(path_or_dataset)
         groups = samples.groups()
+        if (processor_path is None) != (cache_dir is None):
+            raise ConfigError(
+                "processor_path and cache_dir go together (the VLM store is built in cache_dir)"
+            )
+        if processor_path is not None:
+            if vlm_store is not None:
+                raise ConfigError("give vlm_store or processor_path + cache_dir, not both")
+            vlm_store = build_vlm_store(path_or_dataset, processor=processor_path, cache_dir=cache_dir)
+        hints = length_hints(samples, VlmStore(vlm_store) if vlm_store is not None else None)
     elif isinstance(path_or_dataset, Sequence):
+        if vlm_store is not None or processor_path is not None:
+            raise ConfigError("vlm_store / processor_path need a subset directory as path_or_dataset")
         samples = path_or_dataset
         groups = _group_ids(samples)
     else:
@@ -144,4 +242,4 @@ def load_materialized_conversation_dataset(
         "inject_fake_images": inject_fake_images,
         "max_length": max_length,
     }
-    return ConversationDataset(samples, order, options=options)
+    return ConversationDataset(samples, order, options=options, hints=hints)
