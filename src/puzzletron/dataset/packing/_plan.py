@@ -42,7 +42,7 @@ import numpy as np
 from puzzletron.dataset._checks import require_seed
 from puzzletron.dataset.config import PackingSpec
 from puzzletron.dataset.errors import PackingError
-from puzzletron.dataset.packing._sort import chunks, halves, index_dtype, radix_order
+from puzzletron.dataset.packing._sort import chunks, index_dtype, order_by
 from puzzletron.dataset.packing._units import Units, cut_long_samples
 
 __all__ = ["PackingPlan", "plan_packing"]
@@ -54,7 +54,8 @@ class PackingPlan:
 
     Row ``r`` holds ``sample_order[row_offsets[r]:row_offsets[r + 1]]``, ascending within a row: indices
     into the planned lengths, or into ``units`` when the ``truncate``/``split`` policy cut long samples
-    (`puzzletron.dataset.packing._units`). All arrays are read-only ``int64``.
+    (`puzzletron.dataset.packing._units`). All arrays are read-only integers: ``sample_order`` int32 (int64
+    from 2**31 samples on), the others ``int64``.
 
     Attributes:
         pack_size: the hard row length (tokens).
@@ -363,7 +364,7 @@ def _plan_rows(
         fit = np.minimum(arr[part], capacity).astype(np.uint32)
         key[part] = np.where(long_mask[part], capacity + 1, capacity - fit)
     per_key = np.bincount(key, minlength=capacity + 2)[: capacity + 1]
-    order = radix_order(halves(key), capacity + 2)[:kept]
+    order = order_by(key, capacity + 2)[:kept]
     del key
     counts = {capacity - k: int(c) for k, c in enumerate(per_key.tolist()) if c}
     row_of, row_tokens = _bfd(order, counts, capacity)
@@ -375,20 +376,20 @@ def _plan_rows(
     row_tokens[row_of[: capped.shape[0]][over > 0]] += over[over > 0]
     # Seeded row order (new position -> old row); inside a row, ascending sample index: group the samples
     # by their new row (dropped ones get the key n_rows and sort last, where they are cut off).
-    perm = np.random.default_rng(seed).permutation(n_rows)
+    perm = np.random.default_rng(seed).permutation(n_rows).astype(index_dtype(max(n_rows, 1)))
     row_lengths = row_tokens[perm]
+    del row_tokens
     rank = np.empty(n_rows, dtype=row_of.dtype)
     rank[perm] = np.arange(n_rows, dtype=row_of.dtype)
+    del perm
     row_by_sample = np.full(n, n_rows, dtype=index_dtype(n_rows + 1))
-    row_by_sample[order] = rank[row_of]
-    del row_of, rank, order, row_tokens
+    for part in chunks(kept):  # chunked: no full-size temporary of the new row of every sample
+        row_by_sample[order[part]] = rank[row_of[part]]
+    del row_of, rank, order
     row_offsets = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(row_by_sample, minlength=n_rows + 1)[:n_rows], out=row_offsets[1:])
-    row_halves = halves(row_by_sample)
+    grouped = order_by(row_by_sample, n_rows + 1)
     del row_by_sample
-    grouped = radix_order(row_halves, n_rows + 1)
-    sample_order = np.empty(kept, dtype=np.int64)
-    for part in chunks(kept):
-        sample_order[part] = grouped[part]
+    sample_order = grouped[:kept]  # int32 below 2**31 samples: no int64 copy of the whole order
     del grouped
     return sample_order, row_offsets, row_lengths, long_idx

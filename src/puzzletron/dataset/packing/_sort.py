@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["chunks", "group_stable", "halves", "index_dtype", "radix_order"]
+__all__ = ["chunks", "group_stable", "halves", "index_dtype", "order_by", "radix_order"]
 
 
 def index_dtype(n: int) -> type[np.integer]:
@@ -18,11 +18,14 @@ def index_dtype(n: int) -> type[np.integer]:
 
 
 _CHUNK = 1 << 22  # elements per chunk of the whole-array passes: bounds their temporaries (~100 MB)
+_MIN_CHUNK = 1 << 13  # ... and at least this many, so small inputs pay a few Python iterations at most
 
 
 def chunks(n: int) -> Iterator[slice]:
-    """Slices of ``_CHUNK`` elements covering ``0..n``."""
-    return (slice(a, min(a + _CHUNK, n)) for a in range(0, n, _CHUNK))
+    """Slices covering ``0..n``: ``_CHUNK`` elements, or a sixteenth of ``n`` when that is smaller (at
+    least ``_MIN_CHUNK``), so a pass's temporaries stay a small share of the ``n`` elements it works on."""
+    size = min(_CHUNK, max(_MIN_CHUNK, n >> 4))
+    return (slice(a, min(a + size, n)) for a in range(0, n, size))
 
 
 def group_stable(keys: np.ndarray, n_keys: int) -> np.ndarray:
@@ -66,6 +69,7 @@ def radix_order(halves: list[np.ndarray], n_keys: int) -> np.ndarray:
     radix sort of two 16-bit passes. Empties ``halves``, so each half is freed as soon as it is used."""
     low, high = halves.pop(0), halves.pop(0)
     if n_keys <= 1 << 16:
+        del high  # all zero: free it before the sort's temporaries
         return group_stable(low, n_keys)
     order = group_stable(low, 1 << 16)
     del low
@@ -75,3 +79,11 @@ def radix_order(halves: list[np.ndarray], n_keys: int) -> np.ndarray:
     for part in chunks(order.shape[0]):
         second[part] = order[second[part]]
     return second
+
+
+def order_by(keys: np.ndarray, n_keys: int) -> np.ndarray:
+    """`group_stable` order of integer ``keys`` (``< n_keys``, up to 32 bits): one counting sort of the keys
+    as uint16 when they fit (no copy of uint16 keys), else the two-pass radix sort of their halves."""
+    if n_keys <= 1 << 16:
+        return group_stable(keys if keys.dtype == np.uint16 else keys.astype(np.uint16), n_keys)
+    return radix_order(halves(keys), n_keys)

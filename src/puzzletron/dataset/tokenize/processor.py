@@ -122,11 +122,26 @@ class VlmProcessor:
     name: str
     image_token: str = IMAGE_TOKEN
 
-    def pixels(self, images: list[Any]) -> tuple[Any, Any]:
-        """``(pixel_values float32 [patches, C*T*P*P], image_grid_thw int64 [m, 3])`` of PIL ``images``:
-        one call of the image processor, as the processor makes it."""
+    def pixels(self, images: list[Any], grid: np.ndarray, *, dtype: Any = None) -> tuple[Any, Any, bool]:
+        """``(pixel_values [patches, C*T*P*P] in dtype, image_grid_thw int64 [m, 3], computed)`` of RGB PIL
+        ``images`` whose grids (from their sizes) are ``grid``: what the image processor gives, cast to
+        ``dtype`` (default float32). A plain ``Qwen2VLImageProcessorPil`` is computed here bit for bit
+        (`puzzletron.dataset.tokenize._pixels`, ``computed`` True: the grid is ``grid``); any other runs
+        itself, one call for all images (``computed`` False: its own grid, for the caller to check)."""
+        import torch
+
+        from puzzletron.dataset.tokenize._pixels import fast_pixels
+
+        dtype = torch.float32 if dtype is None else dtype
+        g = self.grid
+        fast = fast_pixels(
+            self.image_processor, images, grid, patch_size=g.patch_size, merge_size=g.merge_size,
+            temporal_patch_size=g.temporal_patch_size, dtype=dtype,
+        )  # fmt: skip
+        if fast is not None:
+            return fast, torch.as_tensor(np.asarray(grid, dtype=np.int64).reshape(-1, 3)), True
         out = self.image_processor(images=images, return_tensors="pt")
-        return out["pixel_values"], out["image_grid_thw"]
+        return out["pixel_values"].to(dtype), out["image_grid_thw"], False
 
 
 def _grid_config(image_processor: Any, name: str) -> GridConfig:
