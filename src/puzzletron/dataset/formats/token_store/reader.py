@@ -19,10 +19,9 @@ tokens it has read.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +234,13 @@ class TokenStore:
         self.__dict__.update(state)
         self._reset()
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit `os` may be gone already
-            self.close()
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        # At interpreter exit this module's globals may already be None (os): use only what the
+        # default argument and the builtins hold.
+        fds = self.__dict__.get("_fds") or {}
+        while fds:
+            for fd in fds.popitem()[1]:
+                try:  # noqa: SIM105 (contextlib may be None by now)
+                    _close(fd)
+                except OSError:
+                    pass
