@@ -35,17 +35,17 @@ Importing this module imports `transformers` (the ``text`` extra; its Trainer al
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from puzzletron.dataset.batch import PuzzletronBatch
 from puzzletron.dataset.clients.attention import MaskMode, model_inputs
@@ -57,6 +57,33 @@ from puzzletron.dataset.distributed import (
     only_batch,
 )
 from puzzletron.dataset.errors import ConfigError
+
+# Loggers that warn while `transformers.Trainer` imports its optional quantizers: torchao (a NeMo AutoModel
+# dependency) about CUDA kernels it cannot load on this machine, torch about torchao's pytree registrations.
+# Neither concerns this library; other messages of theirs, and later ones, are untouched.
+_IMPORT_NOISE = ("torchao", "torch.utils._pytree")
+
+
+@contextlib.contextmanager
+def _quiet_loggers(names: Sequence[str]) -> Iterator[None]:
+    """While open, the loggers `names` report only errors; their levels are restored after."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+with _quiet_loggers(_IMPORT_NOISE):
+    import transformers
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+    Trainer, TrainerCallback = transformers.Trainer, transformers.TrainerCallback
+
 
 __all__ = ["SAMPLER_STATE_FILE", "BatchCollator", "PuzzletronTrainer", "check_sampler_state"]
 
@@ -97,7 +124,7 @@ def check_sampler_state(checkpoint: str | Path, sampler: DistributedPackSampler)
     return state
 
 
-class _SaveSamplerState(transformers.TrainerCallback):
+class _SaveSamplerState(TrainerCallback):
     """Writes the sampler state into every checkpoint the Trainer saves (process zero only)."""
 
     def __init__(self, sampler: DistributedPackSampler) -> None:
@@ -114,7 +141,7 @@ class _SaveSamplerState(transformers.TrainerCallback):
         (folder / SAMPLER_STATE_FILE).write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
 
 
-class PuzzletronTrainer(transformers.Trainer):
+class PuzzletronTrainer(Trainer):
     """`transformers.Trainer` reading `PuzzletronBatch`es in `DistributedPackSampler` order.
 
     ``train_batches`` (required) and ``eval_batches`` (optional) are `BatchSource`s, typically from
