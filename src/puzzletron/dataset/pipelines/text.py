@@ -4,7 +4,8 @@
 in ``cache_dir`` by `puzzletron.dataset.tokenize.store`, or the split tokenised in memory by
 `puzzletron.dataset.tokenize`), plan the packing (``packed_varlen``, `puzzletron.dataset.packing`), deal the
 rows to this DP rank (`puzzletron.dataset.distributed`), and build each `PuzzletronBatch` in the layout
-of a `PuzzletronDataSpec`::
+of a `PuzzletronDataSpec`. Rank 0 logs the build's progress and what the plan dropped
+(`puzzletron.dataset.pipelines._report`)::
 
     batches = build_batches("snapshots/puzzle-kd", tokenizer="tok/", spec=spec, batch_size=4,
                             dp_rank=rank, dp_size=world, cache_dir="token-stores/")
@@ -17,6 +18,7 @@ tokens; the batches are identical (same fingerprints) to those of the in-memory 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,7 @@ from puzzletron.dataset.formats.text_snapshot import load_text_split
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TokenStore
 from puzzletron.dataset.packing import PackingPlan, TokenizedSamples, plan_packing
 from puzzletron.dataset.packing.sources import StoreNames, StoreSamples
+from puzzletron.dataset.pipelines._report import LOG, BuildProgress, is_rank_zero, log_plan
 from puzzletron.dataset.tokenize import TokenizedText, build_token_store, tokenize_conversations
 
 __all__ = ["TextBatches", "build_batches", "load_text_split"]
@@ -120,14 +123,23 @@ def build_batches(
         raise ConfigError(
             f"build_batches builds text batches; data.modality is {Modality(spec.modality).value}"
         )
+    report = is_rank_zero(dp_rank)
     tokenized = _tokenized(
-        source, tokenizer=tokenizer, split=split, cache_dir=cache_dir, options=options, num_proc=num_proc
+        source,
+        tokenizer=tokenizer,
+        split=split,
+        cache_dir=cache_dir,
+        options=options,
+        num_proc=num_proc,
+        report=report,
     )
     samples = tokenized.samples
     plan = None
     if spec.packing is not None:
         names = samples.sample_ids if isinstance(samples, TokenizedSamples) else StoreNames(samples.store)
         plan = plan_packing(samples.lengths, spec.packing, seed=seed, sample_ids=names)
+        if report:
+            log_plan(plan)
     dataset = PackedBatches(
         samples, spec, plan, pad_token_id=tokenized.pad_token_id, pad_to_multiple_of=pad_to_multiple_of
     )
@@ -151,9 +163,10 @@ def _tokenized(
     cache_dir: str | Path | None,
     options: TokenizeOptions,
     num_proc: int,
+    report: bool,
 ) -> TokenizedText:
     """The tokenised samples of ``source``: from a token store (given, or built/reused in ``cache_dir``),
-    else tokenised in memory."""
+    else tokenised in memory; with ``report``, logged (`puzzletron.dataset.pipelines._report`)."""
     path = Path(source) if isinstance(source, str | Path) else None
     if path is not None and _is_token_store(path):
         return _from_store(TokenStore(path))
@@ -164,12 +177,30 @@ def _tokenized(
             raise ConfigError(
                 "build_batches: cache_dir needs a snapshot folder as source, not rows in memory"
             )
+        progress = BuildProgress(path, split) if report else None
         built = build_token_store(
-            path, tokenizer=tokenizer, cache_dir=cache_dir, split=split, options=options, num_proc=num_proc
+            path,
+            tokenizer=tokenizer,
+            cache_dir=cache_dir,
+            split=split,
+            options=options,
+            num_proc=num_proc,
+            progress=progress,
         )
+        if progress is not None:
+            progress.finished(built)
         return _from_store(TokenStore(built))
     rows = load_text_split(path, split=split) if path is not None else source
-    return tokenize_conversations(rows, tokenizer=tokenizer, options=options, num_proc=num_proc)
+    started = time.perf_counter()
+    tokenized = tokenize_conversations(rows, tokenizer=tokenizer, options=options, num_proc=num_proc)
+    if report:
+        LOG.info(
+            "tokenised %s rows in memory in %.1f s (with cache_dir a token store keeps them for every rank "
+            "and restart)",
+            f"{len(tokenized.samples) + tokenized.skipped:,}",
+            time.perf_counter() - started,
+        )
+    return tokenized
 
 
 def _is_token_store(path: Path) -> bool:
