@@ -41,7 +41,7 @@ from puzzletron.dataset.packing.sources import StoreNames, StoreSamples
 from puzzletron.dataset.pipelines._report import LOG, BuildProgress, is_rank_zero, log_plan
 from puzzletron.dataset.tokenize import TokenizedText, build_token_store, tokenize_conversations
 
-__all__ = ["TextBatches", "build_batches", "load_text_split"]
+__all__ = ["TextBatches", "build_batches", "is_token_store", "load_text_split"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,7 +168,7 @@ def _tokenized(
     """The tokenised samples of ``source``: from a token store (given, or built/reused in ``cache_dir``),
     else tokenised in memory; with ``report``, logged (`puzzletron.dataset.pipelines._report`)."""
     path = Path(source) if isinstance(source, str | Path) else None
-    if path is not None and _is_token_store(path):
+    if path is not None and is_token_store(path):
         return _from_store(TokenStore(path))
     if tokenizer is None:
         raise ConfigError(f"build_batches: tokenizer is required to tokenise {source!r} (not a token store)")
@@ -203,8 +203,12 @@ def _tokenized(
     return tokenized
 
 
-def _is_token_store(path: Path) -> bool:
-    """Whether ``path`` holds a manifest naming the token-store format (the reader then checks the rest)."""
+def is_token_store(source: Any) -> bool:
+    """Whether ``source`` is a folder whose manifest names the token-store format (the reader then checks
+    the rest)."""
+    if not isinstance(source, str | Path):
+        return False
+    path = Path(source)
     if not (path / MANIFEST).is_file():
         return False
     try:
