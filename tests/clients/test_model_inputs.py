@@ -46,7 +46,7 @@ from puzzletron.dataset import (
 from puzzletron.dataset.batch.cp import batch_cp_indices, inverse_cp_permutation
 from puzzletron.dataset.clients.attention import model_inputs
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
-from puzzletron.dataset.errors import BatchValidationError
+from puzzletron.dataset.errors import BatchValidationError, ConfigError
 from puzzletron.dataset.pipelines.text import build_batches
 from puzzletron.fixtures.tokenizer import (
     build_chat_tokenizer,
@@ -363,6 +363,7 @@ def test_model_inputs_does_not_leak_collator_metadata(vlm_batch: PuzzletronBatch
         "use_cache",
         "labels",
         "shift_labels",
+        "num_items_in_batch",
     }
     assert inputs["attention_mask"].dtype == torch.bool
 
@@ -416,3 +417,56 @@ def test_cp_ranks_of_a_packed_vlm_row_attend_within_their_share_after_embedding(
         gathered[:, idx] = out.logits.double()
     whole = _whole_context(row, [batch_cp_indices(row, cp_rank=r, cp_size=cp_size) for r in range(cp_size)])
     assert (gathered[0, whole] - full[0, whole]).abs().max().item() <= LOGIT_TOL
+
+
+# ---------------------------------------------------------------- padding rows, PP steps, the model's config
+
+
+def _loss_and_grads(
+    model: torch.nn.Module, inputs: dict[str, Any]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=False)
+    loss = model(**inputs).loss
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+def test_padding_rows_give_zero_loss_and_gradient_and_a_pp_step_equals_the_unpadded_batch(
+    text_batches: list[PuzzletronBatch],
+) -> None:
+    """The README's PP recipe: 4 rows padded to 6 for 3 microbatches, the last one all padding."""
+    model = tiny_qwen2("sdpa", vocab_size=800, seed=1).train()
+    batch = text_batches[0]
+    micros = batch.pad_batch_to_multiple(3).pp_microbatches(3)
+    assert [m.batch_size for m in micros] == [2, 2, 2] and not bool(micros[2].hidden_mask.any())
+    loss, grads = _loss_and_grads(model, model_inputs(micros[2], model=model))
+    assert loss.item() == 0.0  # HF's token mean over no token was 0/0 = NaN
+    assert all(not bool(g.any()) for g in grads)
+    # A step: each microbatch's summed loss over the whole batch's supervised tokens; they add up.
+    whole, whole_grads = _loss_and_grads(model, model_inputs(batch, model=model))
+    n = (batch.labels.masked_fill(~batch.ce_mask, -100) != -100).sum()
+    parts = [_loss_and_grads(model, model_inputs(m, model=model, num_items_in_batch=n)) for m in micros]
+    assert abs(sum(loss.item() for loss, _ in parts) - whole.item()) <= LOSS_TOL
+    for k, g in enumerate(whole_grads):
+        step = sum(grads[k] for _, grads in parts)
+        assert (step - g).abs().max().item() <= 1e-6 * max(g.abs().max().item(), 1.0)
+
+
+def test_given_the_model_its_backend_and_dtype_are_used_and_disagreements_refused(
+    qwen2: dict[str, torch.nn.Module], text_batches: list[PuzzletronBatch]
+) -> None:
+    eager = qwen2["eager"]
+    row = text_batches[0].pp_microbatches(4)[0]
+    indices = batch_cp_indices(row, cp_rank=0, cp_size=2)
+    local = row.cp_partition(indices, cp_rank=0, cp_size=2)  # needs an explicit mask
+    inputs = model_inputs(local, model=eager)
+    assert inputs["attention_mask"].dtype == torch.float64  # additive, in the model's dtype
+    with pytest.raises(ConfigError, match=r"backend='sdpa'.*run 'eager' attention"):
+        model_inputs(local, backend="sdpa", model=eager)  # a bool mask, added to eager's scores
+    with pytest.raises(ConfigError, match=r"dtype=torch.float32.*model is torch.float64"):
+        model_inputs(local, dtype=torch.float32, model=qwen2["sdpa"])
+    with pytest.raises(ConfigError, match="num_items_in_batch must be an int >= 1"):
+        model_inputs(local, model=eager, num_items_in_batch=0)
+    assert "attention_mask" not in model_inputs(
+        text_batches[0], model=qwen2["sdpa"]
+    )  # HF finds the documents
