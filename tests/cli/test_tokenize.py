@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from _token_store_data import VALIDATION_ROWS
 from puzzletron.cli import main
 from puzzletron.dataset.formats.token_store import TokenStore
 
@@ -23,11 +24,18 @@ def test_tokenize_prints_one_json_line_then_reuses(snapshot, tokenizer_dir, tmp_
     assert main([*args, "--num-proc", "2"]) == 0
     captured = capsys.readouterr()
     line = json.loads(captured.out)
+    store = TokenStore(out)
     assert line == {
+        "command": "tokenize",
         "status": "done",
+        "path": str(out),
         "format": "puzzletron-token-store",
-        "output": str(out),
         "manifest": str(out / "manifest.json"),
+        "row_count": VALIDATION_ROWS,
+        "sample_count": len(store),
+        "token_count": store.num_tokens,
+        "bytes_on_disk": sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
+        "identity_sha256": store.manifest["identity_sha256"],
     }
     assert captured.err == ""  # no terminal: no progress bar
     assert TokenStore(out).manifest["counts"]["shards"] == 3
@@ -66,3 +74,27 @@ def test_progress_goes_to_a_terminal_only(snapshot, tokenizer_dir, tmp_path, cap
         main([*_args(snapshot, tokenizer_dir, tmp_path / "quiet", "--split", "validation"), "--quiet"]) == 0
     )
     assert capsys.readouterr().err == ""
+
+
+def test_cache_dir_finds_the_store_an_output_put_there(snapshot, tokenizer_dir, tmp_path, capsys) -> None:
+    stores = tmp_path / "stores"
+    args = ["tokenize", str(snapshot), "--tokenizer", str(tokenizer_dir), "--split", "validation"]
+    assert main([*args, "--output", str(stores / "kd-validation")]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "done"
+    assert main([*args, "--cache-dir", str(stores)]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["path"]) == ("reused", str(stores / "kd-validation"))
+    assert sorted(p.name for p in stores.iterdir()) == ["kd-validation"]
+    with pytest.raises(SystemExit) as exc:  # exactly one of them
+        main([*args, "--cache-dir", str(stores), "--output", str(tmp_path / "x")])
+    assert exc.value.code == 2
+
+
+def test_a_token_store_given_as_the_snapshot_is_refused_saying_what_it_is(
+    snapshot, tokenizer_dir, tmp_path, capsys
+) -> None:
+    store = tmp_path / "store"
+    assert main(_args(snapshot, tokenizer_dir, store, "--split", "validation")) == 0
+    capsys.readouterr()
+    assert main(_args(store, tokenizer_dir, tmp_path / "again")) == 1
+    assert f"{store} is a token store already, not a text snapshot" in capsys.readouterr().err

@@ -38,7 +38,7 @@ from puzzletron.dataset.batch import (
     PuzzletronBatch,
 )
 from puzzletron.dataset.batch.segments import run_starts
-from puzzletron.dataset.clients._model import model_backend, model_dtype
+from puzzletron.dataset.clients.hf_model import model_backend, model_dtype
 from puzzletron.dataset.errors import BatchValidationError, ConfigError
 
 __all__ = ["Backend", "MaskMode", "forward_kwargs", "model_inputs"]

@@ -39,13 +39,11 @@ Importing this module imports `transformers` (the ``text`` extra; its Trainer al
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
-import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,8 +51,8 @@ from typing import Any
 import torch
 
 from puzzletron.dataset.batch import PuzzletronBatch
-from puzzletron.dataset.clients._model import model_backend, model_dtype
 from puzzletron.dataset.clients.attention import MaskMode, model_inputs
+from puzzletron.dataset.clients.hf_model import model_backend, model_dtype, quiet_imports
 from puzzletron.dataset.distributed import (
     BatchSource,
     DistributedPackSampler,
@@ -64,27 +62,7 @@ from puzzletron.dataset.distributed import (
 )
 from puzzletron.dataset.errors import ConfigError
 
-# Loggers that warn while `transformers.Trainer` imports its optional quantizers: torchao (a NeMo AutoModel
-# dependency) about CUDA kernels it cannot load on this machine, torch about torchao's pytree registrations.
-# Neither concerns this library; other messages of theirs, and later ones, are untouched.
-_IMPORT_NOISE = ("torchao", "torch.utils._pytree")
-
-
-@contextlib.contextmanager
-def _quiet_loggers(names: Sequence[str]) -> Iterator[None]:
-    """While open, the loggers `names` report only errors; their levels are restored after."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
-with _quiet_loggers(_IMPORT_NOISE):
+with quiet_imports():  # torchao import noise (clients.hf_model)
     import transformers
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 

@@ -1,17 +1,31 @@
-"""What a Hugging Face model's own config says about how to feed it: the attention backend its text layers
-run, and its dtype. `model_inputs` (``model=``) and the Trainer's collator read them instead of trusting
-the caller's ``backend=`` / ``dtype=``: a bool mask handed to eager attention is *added* to its scores, a
-float mask of another dtype is misread by torch's CPU SDPA, both silently."""
+"""Hugging Face models as this library meets them: what a model's own config says about how to feed it, and
+importing transformers' model and Trainer classes without their dependencies' import-time noise.
+
+`model_backend` and `model_dtype`: the attention backend its text layers run, and its dtype.
+`model_inputs` (``model=``) and the Trainer's collator read them instead of trusting the caller's
+``backend=`` / ``dtype=``: a bool mask handed to eager attention is *added* to its scores, a float mask of
+another dtype is misread by torch's CPU SDPA, both silently.
+
+`quiet_imports`: while transformers imports its optional quantizers (with the Trainer, or a model class),
+torchao (a NeMo AutoModel dependency) warns about CUDA kernels it cannot load on this machine and torch
+about torchao's pytree registrations. Neither concerns this library; the loggers are silenced only for
+that import, their other and later messages are untouched.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from puzzletron.dataset.errors import ConfigError
 
-__all__ = ["model_backend", "model_dtype"]
+__all__ = ["model_backend", "model_dtype", "quiet_imports"]
+
+_IMPORT_NOISE = ("torchao", "torch.utils._pytree")  # loggers that warn while transformers imports torchao
 
 # HF `config._attn_implementation` -> the backend name of `forward_kwargs` (flash kernels from the Hub,
 # "kernels-community/flash-attn*", are matched by name below).
@@ -49,3 +63,17 @@ def model_dtype(model: Any) -> torch.dtype:
         if parameter.is_floating_point():
             return parameter.dtype
     raise ConfigError(f"model_inputs(model=...): {type(model).__name__} has no floating parameter")
+
+
+@contextlib.contextmanager
+def quiet_imports() -> Iterator[None]:
+    """While open, the loggers of `_IMPORT_NOISE` report only errors; their levels are restored after."""
+    loggers = [logging.getLogger(name) for name in _IMPORT_NOISE]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
