@@ -27,6 +27,7 @@ from nemo_automodel.components.datasets.vlm.collate_fns import neat_packed_vlm_c
 from nemo_automodel.components.datasets.vlm.datasets import PreTokenizedDatasetWrapper
 from nemo_automodel.components.datasets.vlm.neat_packing_vlm import neat_pack_dataset_vlm
 from PIL import Image
+from transformers.loss.loss_utils import ForCausalLMLoss
 
 from _tiny_models import (
     conversations,
@@ -470,3 +471,35 @@ def test_given_the_model_its_backend_and_dtype_are_used_and_disagreements_refuse
     assert "attention_mask" not in model_inputs(
         text_batches[0], model=qwen2["sdpa"]
     )  # HF finds the documents
+
+
+def test_the_traps_the_readme_shows_are_real_and_model_inputs_avoids_them(
+    qwen2: dict[str, torch.nn.Module], text_batches: list[PuzzletronBatch]
+) -> None:
+    """README "Feeding a model" numbers (measured on this batch: 0.50, 0.50, 59.3 vs 0.0, 0.40, 0.39)."""
+    sdpa, eager = qwen2["sdpa"], qwen2["eager"]
+    batch, valid = text_batches[0], text_batches[0].hidden_mask
+    inputs = model_inputs(batch, model=sdpa)
+    with torch.no_grad():
+        right = sdpa(**inputs).logits
+        cached = sdpa(**batch.model_kwargs).logits  # use_cache at Qwen2's default: documents see each other
+        masked = sdpa(**{**inputs, "attention_mask": batch.hidden_mask}).logits  # a 2-D mask hides them
+    assert (cached - right)[valid].abs().max().item() > 0.1
+    assert (masked - right)[valid].abs().max().item() > 0.1
+    targets = inputs["shift_labels"]
+    oracle = torch.full((*targets.shape, 800), -30.0, dtype=torch.float64)
+    oracle.scatter_(2, targets.clamp_min(0)[..., None], 30.0)  # logits that predict every target
+    assert ForCausalLMLoss(oracle, inputs["labels"], 800, shift_labels=targets).item() == 0.0
+    assert ForCausalLMLoss(oracle, targets, 800).item() > 10  # batch.labels as HF labels: shifted twice
+    row = batch.pp_microbatches(4)[0]
+    local = row.cp_partition(batch_cp_indices(row, cp_rank=0, cp_size=2), cp_rank=0, cp_size=2)
+    with torch.no_grad():
+        for model, wrong in (
+            (eager, {"backend": "sdpa"}),  # a bool mask, added to eager's scores
+            (sdpa, {"backend": "sdpa", "mask": "block_causal", "dtype": torch.float32}),  # float32 on float64
+        ):
+            good = model(**model_inputs(local, model=model)).logits
+            bad = model(**model_inputs(local, **wrong)).logits
+            assert (bad - good)[local.hidden_mask].abs().max().item() > 0.1
+            with pytest.raises(ConfigError):
+                model_inputs(local, model=model, **wrong)
