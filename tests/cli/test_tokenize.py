@@ -51,6 +51,8 @@ def test_tokenize_exit_codes(snapshot, tokenizer_dir, tmp_path, capsys) -> None:
     out = tmp_path / "store"
     assert main(_args(tmp_path / "missing", tokenizer_dir, out)) == 1
     assert "does not exist" in capsys.readouterr().err
+    assert main(_args(snapshot, tokenizer_dir, out, "--split", "test")) == 1
+    assert "has no split 'test' (splits: ['train', 'validation'])" in capsys.readouterr().err
     assert main(_args(snapshot, tmp_path / "no-tokenizer", out)) == 2  # ConfigError: usage
     assert "is not a directory" in capsys.readouterr().err
     assert main(_args(snapshot, tokenizer_dir, out, "--split", "validation")) == 0
