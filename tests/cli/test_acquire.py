@@ -132,13 +132,19 @@ def test_hub_fixtures_then_serve_in_a_subprocess(tmp_path: Path, capsys: pytest.
     assert main(["hub", "fixtures", str(tmp_path / "hub")]) == 1  # already there
     capsys.readouterr()
     process = subprocess.Popen(
-        [sys.executable, "-m", "puzzletron.cli", "hub", "serve", str(tmp_path / "hub")],
+        [sys.executable, "-m", "puzzletron.cli", "hub", "serve", str(tmp_path / "hub"), "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        endpoint = process.stdout.readline().strip()  # type: ignore[union-attr]
+        line = json.loads(process.stdout.readline())  # type: ignore[union-attr]
+        endpoint = line["endpoint"]
+        assert (line["command"], line["status"], line["path"]) == (
+            "hub serve",
+            "serving",
+            str(tmp_path / "hub"),
+        )
         assert endpoint.startswith("http://127.0.0.1:")
         with urllib.request.urlopen(f"{endpoint}/api/datasets/{PUZZLE_KD}/revision/main", timeout=10) as r:
             assert json.load(r)["sha"] == shas[PUZZLE_KD]
