@@ -9,6 +9,11 @@ stdout::
 
 Exit codes: 0 done or reused, 1 a data error (a missing or damaged snapshot, a store of another identity
 at STORE), 2 usage (bad flags or values; `ConfigError`, which `puzzletron.cli.main` turns into 2).
+
+Under a launcher (``torchrun --nnodes N --nproc-per-node P -m puzzletron.cli tokenize ...``) the processes
+form a gloo group from the launcher's environment and build cooperatively: rank ``r`` tokenises shards
+``k % world == r``, rank 0 publishes, every rank prints its line (``"rank"`` says which). The bytes are the
+same for any world size.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class _Bar:
 
 def _tokenize(args: argparse.Namespace) -> int:
     from puzzletron.dataset.config import TokenizeOptions
+    from puzzletron.dataset.distributed.collectives import launched_group
     from puzzletron.dataset.formats import MANIFEST
     from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT
     from puzzletron.dataset.tokenize import build_token_store
@@ -65,15 +71,17 @@ def _tokenize(args: argparse.Namespace) -> int:
     if args.rows_per_shard is not None:
         options = dataclasses.replace(options, rows_per_shard=args.rows_per_shard)
     try:  # a library error or OSError goes to `puzzletron.cli.main`: ConfigError exits 2, others 1
-        build_token_store(
-            Path(args.snapshot),
-            tokenizer=Path(args.tokenizer),
-            output=output,
-            split=args.split,
-            num_proc=args.num_proc,
-            options=options,
-            progress=bar,
-        )
+        with launched_group() as dist:
+            rank = dist.get_rank() if dist is not None else 0
+            build_token_store(
+                Path(args.snapshot),
+                tokenizer=Path(args.tokenizer),
+                output=output,
+                split=args.split,
+                num_proc=args.num_proc,
+                options=options,
+                progress=bar,
+            )
     finally:
         if bar is not None:
             bar.close()
@@ -83,7 +91,10 @@ def _tokenize(args: argparse.Namespace) -> int:
         "output": str(output),
         "manifest": str(output / MANIFEST),
     }
-    print(json.dumps(line), flush=True)
+    if dist is not None:
+        line["rank"] = rank
+    sys.stdout.write(json.dumps(line) + "\n")  # one write: the ranks of a launcher share one stdout
+    sys.stdout.flush()
     return 0
 
 
