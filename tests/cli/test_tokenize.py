@@ -4,6 +4,7 @@ terminal, and `verify` / `inspect` of the store it wrote."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -100,3 +101,24 @@ def test_a_token_store_given_as_the_snapshot_is_refused_saying_what_it_is(
     capsys.readouterr()
     assert main(_args(store, tokenizer_dir, tmp_path / "again")) == 1
     assert f"{store} is a token store already, not a text snapshot" in capsys.readouterr().err
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_torchrun_builds_one_store_cooperatively_with_the_bytes_of_one_process(
+    snapshot, tokenizer_dir, tmp_path
+) -> None:
+    alone = tmp_path / "alone"
+    assert main(_args(snapshot, tokenizer_dir, alone, "--rows-per-shard", "16")) == 0
+    together = tmp_path / "together"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cli = ["-m", "puzzletron.cli", *_args(snapshot, tokenizer_dir, together, "--rows-per-shard", "16")]
+    out = subprocess.run([*launcher, *cli], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = sorted((json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")), key=str)
+    assert sorted(line["rank"] for line in lines) == [0, 1]
+    assert {line["status"] for line in lines} == {"done"}
+    assert _tree(together) == _tree(alone)

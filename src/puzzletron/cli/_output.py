@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -74,4 +75,6 @@ def folder_facts(path: str | Path) -> dict[str, Any]:
 
 def emit(command: str, status: str, **facts: Any) -> None:
     """Print the command's one JSON line: ``command``, ``status``, then ``facts``."""
-    print(json.dumps({"command": command, "status": status, **facts}, default=str), flush=True)
+    line = json.dumps({"command": command, "status": status, **facts}, default=str) + "\n"
+    sys.stdout.write(line)  # one write: the ranks of a launcher may share one stdout
+    sys.stdout.flush()

@@ -14,6 +14,11 @@ stderr (only when stderr is a terminal and ``--quiet`` is not given) and prints 
 
 Exit codes: 0 done or reused, 1 a data error (a missing or damaged snapshot, a store of another identity
 at STORE), 2 usage (bad flags or values; `ConfigError`, which `puzzletron.cli.main` turns into 2).
+
+Under a launcher (``torchrun --nnodes N --nproc-per-node P -m puzzletron.cli tokenize ...``) the processes
+form a gloo group from the launcher's environment and build cooperatively: rank ``r`` tokenises shards
+``k % world == r``, rank 0 publishes, every rank prints its line (``"rank"`` says which). The bytes are the
+same for any world size.
 """
 
 from __future__ import annotations
@@ -92,6 +97,7 @@ def _refuse_a_store(snapshot: Path) -> None:
 
 def _tokenize(args: argparse.Namespace) -> int:
     from puzzletron.dataset.config import TokenizeOptions
+    from puzzletron.dataset.distributed.collectives import launched_group
     from puzzletron.dataset.formats.token_store import TokenStore
     from puzzletron.dataset.tokenize import build_token_store
 
@@ -102,22 +108,25 @@ def _tokenize(args: argparse.Namespace) -> int:
     existed = _existing(args, options)
     bar = _Bar() if not args.quiet and sys.stderr.isatty() else None
     try:  # a library error or OSError goes to `puzzletron.cli.main`: ConfigError exits 2, others 1
-        path = build_token_store(
-            Path(args.snapshot),
-            tokenizer=Path(args.tokenizer),
-            output=args.output,
-            cache_dir=args.cache_dir,
-            split=args.split,
-            num_proc=args.num_proc,
-            options=options,
-            progress=bar,
-        )
+        with launched_group() as dist:
+            rank = dist.get_rank() if dist is not None else None
+            path = build_token_store(
+                Path(args.snapshot),
+                tokenizer=Path(args.tokenizer),
+                output=args.output,
+                cache_dir=args.cache_dir,
+                split=args.split,
+                num_proc=args.num_proc,
+                options=options,
+                progress=bar,
+            )
     finally:
         if bar is not None:
             bar.close()
     status = "reused" if existed is not None else "done"
     digest = TokenStore(path).manifest["identity_sha256"]
-    emit("tokenize", status, **folder_facts(path), identity_sha256=digest)
+    ranked = {"rank": rank} if rank is not None else {}  # under a launcher every rank prints its line
+    emit("tokenize", status, **folder_facts(path), identity_sha256=digest, **ranked)
     return 0
 
 

@@ -18,6 +18,7 @@ tokens; the batches are identical (same fingerprints) to those of the in-memory 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.batch import Modality, PuzzletronBatch
-from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions
+from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
 from puzzletron.dataset.distributed import (
     DistributedPackSampler,
     PackedBatches,
@@ -35,13 +36,16 @@ from puzzletron.dataset.distributed import (
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import MANIFEST, detect
 from puzzletron.dataset.formats.text_snapshot import load_text_split
-from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TokenStore
+from puzzletron.dataset.formats.token_store import LENGTHS, TOKEN_STORE_FORMAT, TokenStore
 from puzzletron.dataset.packing import PackingPlan, TokenizedSamples, plan_packing
+from puzzletron.dataset.packing.plan_cache import cached_plan
 from puzzletron.dataset.packing.sources import StoreNames, StoreSamples
 from puzzletron.dataset.pipelines._report import LOG, BuildProgress, is_rank_zero, log_plan
 from puzzletron.dataset.tokenize import TokenizedText, build_token_store, tokenize_conversations
 
 __all__ = ["TextBatches", "build_batches", "is_token_store", "load_text_split"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,6 +109,7 @@ def build_batches(
     num_proc: int = 1,
     options: TokenizeOptions = TokenizeOptions(),
     cache_dir: str | Path | None = None,
+    plan_cache: str | Path | None = None,
 ) -> TextBatches:
     """Snapshot + tokenizer + `PuzzletronDataSpec` -> this DP rank's batches (see `TextBatches`).
 
@@ -118,6 +123,10 @@ def build_batches(
     samples into rows of ``spec.packing.pack_size`` (samples longer than it follow
     ``spec.packing.long_samples``, counted in ``plan``); ``padded_varlen`` pads right to the batch max
     rounded up to ``pad_to_multiple_of``; ``fixed`` pads or truncates to ``spec.max_sample_length``.
+
+    From a token store the packing plan is planned once and memory-mapped by every rank and restart
+    (`puzzletron.dataset.packing.plan_cache`): in ``plan_cache``, by default ``cache_dir/.plans``, else
+    ``.<store name>.plans`` beside the store (planned in memory when that folder cannot be written).
     """
     if Modality(spec.modality) is not Modality.TEXT:
         raise ConfigError(
@@ -136,8 +145,7 @@ def build_batches(
     samples = tokenized.samples
     plan = None
     if spec.packing is not None:
-        names = samples.sample_ids if isinstance(samples, TokenizedSamples) else StoreNames(samples.store)
-        plan = plan_packing(samples.lengths, spec.packing, seed=seed, sample_ids=names)
+        plan = _plan(samples, spec.packing, seed=seed, cache=plan_cache, cache_dir=cache_dir)
         if report:
             log_plan(plan)
     dataset = PackedBatches(
@@ -153,6 +161,37 @@ def build_batches(
         drop_last=drop_last,
     )
     return TextBatches(tokenized, plan, dataset, sampler)
+
+
+def _plan(
+    samples: TokenizedSamples | StoreSamples,
+    spec: PackingSpec,
+    *,
+    seed: int,
+    cache: str | Path | None,
+    cache_dir: str | Path | None,
+) -> PackingPlan:
+    """The packing plan of `samples`: from the plan cache for a token store, else planned here."""
+    if isinstance(samples, TokenizedSamples):
+        return plan_packing(samples.lengths, spec, seed=seed, sample_ids=samples.sample_ids)
+    store = samples.store
+    if cache is None:  # hidden: a cache directory still lists only stores
+        beside = store.path.with_name(f".{store.path.name}.plans")
+        cache = Path(cache_dir, ".plans") if cache_dir is not None else beside
+    lengths_file = next(r["sha256"] for r in store.manifest["files"] if r["path"] == LENGTHS)
+    identity = f"{store.manifest['identity_sha256']}:{lengths_file}"
+    try:
+        return cached_plan(
+            samples.lengths,
+            spec,
+            lengths_identity=identity,
+            cache=cache,
+            seed=seed,
+            sample_ids=StoreNames(store),
+        )
+    except OSError as exc:  # a read-only or full disk: plan in memory (every rank does the work)
+        logger.warning("plan cache %s is not writable (%s); planning in memory", cache, exc)
+        return plan_packing(samples.lengths, spec, seed=seed, sample_ids=StoreNames(store))
 
 
 def _tokenized(
