@@ -1,30 +1,39 @@
-"""`puzzletron-data tokenize SOURCE --output STORE`: build (or reuse) a token store or a VLM store.
+"""`puzzletron-data tokenize SOURCE (--tokenizer DIR | --processor DIR) (--output STORE | --cache-dir DIR)`:
+build or reuse a token store or a VLM store.
 
-The command dispatches on the source's format:
+The command dispatches on the source's format. A text snapshot (``--tokenizer``): one split tokenised with
+the tokenizer's chat template into a token store (``docs/token-store-format.md``,
+`puzzletron.dataset.tokenize.store.build_token_store`). A conversation subset (``--processor``, a
+Qwen2-VL-family processor directory): every sample tokenised with the processor's chat template, image
+placeholders expanded as the processor expands them, into a VLM store (``docs/vlm-store-format.md``,
+`puzzletron.dataset.tokenize.vlm_store.build_vlm_store`). ``--output`` puts
+it exactly there; ``--cache-dir`` reuses a store of the same identity anywhere under that folder (also one
+an earlier ``--output`` put there), else builds one at ``DIR/<identity hash>``: the same lookup
+`build_batches(..., cache_dir=DIR)` does, so the two never tokenise twice. Shows a progress bar of rows on
+stderr (only when stderr is a terminal and ``--quiet`` is not given) and prints one JSON line on stdout
+(with or without ``--json``; keys: `puzzletron.cli._output`)::
 
-- a text snapshot (``--tokenizer DIR``): one split tokenised with the tokenizer's chat template into a token
-  store (``docs/token-store-format.md``, `puzzletron.dataset.tokenize.store.build_token_store`);
-- a conversation subset (``--processor DIR``): every sample tokenised with the processor's chat template,
-  image placeholders expanded, into a VLM store (``docs/vlm-store-format.md``,
-  `puzzletron.dataset.tokenize.vlm_store.build_vlm_store`).
-
-It shows a progress bar on stderr (only when stderr is a terminal and ``--quiet`` is not given) and prints
-one JSON line on stdout::
-
-    {"status": "done" | "reused", "format": "puzzletron-token-store", "output": STORE, "manifest": ...}
+    {"command": "tokenize", "status": "done" | "reused", "path": STORE, "format": "puzzletron-token-store",
+     "manifest": ..., "row_count": ..., "sample_count": ..., "token_count": ..., "identity_sha256": ...}
 
 Exit codes: 0 done or reused, 1 a data error (a missing or damaged snapshot, a store of another identity
 at STORE), 2 usage (bad flags or values; `ConfigError`, which `puzzletron.cli.main` turns into 2).
+
+Under a launcher (``torchrun --nnodes N --nproc-per-node P -m puzzletron.cli tokenize ...``) the processes
+form a gloo group from the launcher's environment and build cooperatively: rank ``r`` tokenises shards
+``k % world == r``, rank 0 publishes, every rank prints its line (``"rank"`` says which). The bytes are the
+same for any world size.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from puzzletron.cli._output import add_json, emit, folder_facts
 
 __all__ = ["register"]
 
@@ -58,90 +67,124 @@ class _Bar:
             self.bar.close()
 
 
-def _is_subset(source: Path) -> bool:
-    """Whether `source` holds a conversation subset (else it is read as a text snapshot)."""
+def _existing(args: argparse.Namespace, identity: Any, complete: Any = None) -> Path | None:
+    """The complete store this run would reuse, if there is one (read before building)."""
+    from puzzletron.dataset.formats import MANIFEST
+    from puzzletron.dataset.tokenize import find_store
+
+    if args.output is not None:
+        return Path(args.output) if (Path(args.output) / MANIFEST).is_file() else None
+    return find_store(args.cache_dir, identity, **({"complete": complete} if complete else {}))
+
+
+def _source_format(source: Path) -> str | None:
+    """The format of the folder given as the source; a store is refused with what to do with it (the text
+    reader would only say it is not a text snapshot)."""
     from puzzletron.dataset.errors import SnapshotError
-    from puzzletron.dataset.formats import MANIFEST, detect
-    from puzzletron.dataset.formats.subset import SUBSET_FORMAT
-
-    try:
-        return (source / MANIFEST).is_file() and detect(source) == SUBSET_FORMAT
-    except SnapshotError:
-        return False  # the text snapshot reader says what is wrong with it
-
-
-def _build(args: argparse.Namespace, output: Path, bar: _Bar | None) -> str:
-    """Build or reuse the store `args` ask for; its format name."""
-    from puzzletron.dataset.config import TokenizeOptions
-    from puzzletron.dataset.errors import ConfigError
+    from puzzletron.dataset.formats import detect
     from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT
     from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT
-    from puzzletron.dataset.tokenize import build_token_store, build_vlm_store
 
-    source = Path(args.source)
-    if _is_subset(source):
+    try:
+        kind = detect(source)
+    except SnapshotError:
+        return None  # no folder, no manifest: the snapshot reader says what is wrong
+    if kind in (TOKEN_STORE_FORMAT, VLM_STORE_FORMAT):
+        raise SnapshotError(
+            f"{source} is a {'token' if kind == TOKEN_STORE_FORMAT else 'VLM'} store already, not a text "
+            "snapshot or a subset: the pipelines, pack-report and the AutoModel factories read it as it is "
+            "(tokenize its source to build another)"
+        )
+    return kind
+
+
+def _build(args: argparse.Namespace, bar: _Bar | None) -> tuple[Path, Path | None]:
+    """Build or reuse the store `args` ask for: (its path, the store that was there before or None)."""
+    from puzzletron.dataset.config import TokenizeOptions
+    from puzzletron.dataset.errors import ConfigError
+    from puzzletron.dataset.formats.subset import SUBSET_FORMAT
+    from puzzletron.dataset.formats.text_snapshot import open_split
+    from puzzletron.dataset.formats.vlm_store import read_complete_manifest
+    from puzzletron.dataset.tokenize import build_token_store, build_vlm_store, store_identity
+    from puzzletron.dataset.tokenize.identity import vlm_store_identity
+    from puzzletron.dataset.tokenize.vlm_store import DEFAULT_ROWS_PER_SHARD
+
+    source = Path(args.snapshot)
+    if _source_format(source) == SUBSET_FORMAT:
         if args.processor is None or args.tokenizer is not None:
             raise ConfigError(f"{source} is a conversation subset: give --processor DIR (not --tokenizer)")
-        shards = {} if args.rows_per_shard is None else {"rows_per_shard": args.rows_per_shard}
-        build_vlm_store(
-            source,
-            processor=Path(args.processor),
-            output=output,
-            num_proc=args.num_proc,
-            progress=bar,
-            **shards,
-        )
-        return VLM_STORE_FORMAT
+        per = args.rows_per_shard or DEFAULT_ROWS_PER_SHARD
+        identity = vlm_store_identity(source, processor=args.processor, rows_per_shard=per)
+        existed = _existing(args, identity, read_complete_manifest)
+        path = build_vlm_store(
+            source, processor=Path(args.processor), output=args.output, cache_dir=args.cache_dir,
+            rows_per_shard=per, num_proc=args.num_proc, progress=bar,
+        )  # fmt: skip
+        return path, existed
     if args.tokenizer is None or args.processor is not None:
         raise ConfigError(f"{source} is not a conversation subset: give --tokenizer DIR for a text snapshot")
     options = TokenizeOptions(messages_field=args.messages_field, id_field=args.id_field or None)
     if args.rows_per_shard is not None:
         options = dataclasses.replace(options, rows_per_shard=args.rows_per_shard)
-    build_token_store(
-        source,
-        tokenizer=Path(args.tokenizer),
-        output=output,
-        split=args.split,
-        num_proc=args.num_proc,
-        options=options,
-        progress=bar,
+    existed = _existing(
+        args, store_identity(open_split(source, args.split), tokenizer=args.tokenizer, options=options)
     )
-    return TOKEN_STORE_FORMAT
+    path = build_token_store(
+        source, tokenizer=Path(args.tokenizer), output=args.output, cache_dir=args.cache_dir,
+        split=args.split, num_proc=args.num_proc, options=options, progress=bar,
+    )  # fmt: skip
+    return path, existed
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    from puzzletron.dataset.formats import MANIFEST
+    from puzzletron.dataset.distributed.collectives import launched_group
+    from puzzletron.dataset.formats.manifest import MANIFEST, load_json
 
-    output = Path(args.output)
-    existed = (output / MANIFEST).is_file()
     bar = _Bar() if not args.quiet and sys.stderr.isatty() else None
     try:  # a library error or OSError goes to `puzzletron.cli.main`: ConfigError exits 2, others 1
-        fmt = _build(args, output, bar)
+        with launched_group() as dist:
+            rank = dist.get_rank() if dist is not None else None
+            path, existed = _build(args, bar)
     finally:
         if bar is not None:
             bar.close()
-    line = {
-        "status": "reused" if existed else "done",
-        "format": fmt,
-        "output": str(output),
-        "manifest": str(output / MANIFEST),
-    }
-    print(json.dumps(line), flush=True)
+    status = "reused" if existed is not None else "done"
+    digest = load_json(path / MANIFEST, "the manifest")["identity_sha256"]
+    ranked = {"rank": rank} if rank is not None else {}  # under a launcher every rank prints its line
+    emit("tokenize", status, **folder_facts(path), identity_sha256=digest, **ranked)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``tokenize`` to the `puzzletron-data` parser."""
     parser = sub.add_parser(
-        "tokenize", help="tokenise a text snapshot split into a token store, or a subset into a VLM store"
+        "tokenize",
+        help="tokenise a text snapshot split into a token store, or a subset into a VLM store (once)",
     )
     parser.add_argument(
-        "source",
+        "snapshot",
+        metavar="SOURCE",
         help="text snapshot (materialize puzzle-kd) or conversation subset (materialize nemotron-vlm)",
     )
-    parser.add_argument("--tokenizer", help="text snapshot: local tokenizer directory (with a chat template)")
-    parser.add_argument("--processor", help="subset: local processor directory (Qwen2-VL / 2.5-VL / 3-VL)")
-    parser.add_argument("--output", required=True, help="store directory (created atomically)")
+    parser.add_argument(
+        "--tokenizer", metavar="DIR", help="text snapshot: local tokenizer directory (with a chat template)"
+    )
+    parser.add_argument(
+        "--processor",
+        metavar="DIR",
+        help="subset: local processor directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)",
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--output", default=None, metavar="DIR", help="token store directory (created atomically)"
+    )
+    where.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=None,
+        help="reuse the store of this identity anywhere under DIR, else build DIR/<identity hash> "
+        "(build_batches' cache_dir)",
+    )
     parser.add_argument("--split", default="train", help="split to tokenise (default train)")
     parser.add_argument("--num-proc", type=_positive, default=1, help="worker processes (default 1)")
     parser.add_argument(
@@ -150,7 +193,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="rows per shard (default 65536 text, 8192 VLM; part of the identity)",
     )
-    parser.add_argument("--messages-field", default="messages", help="column of the conversations")
-    parser.add_argument("--id-field", default="uuid", help="column of the sample ids ('' for the row index)")
+    parser.add_argument(
+        "--messages-field", default="messages", help="column of the conversations (default messages)"
+    )
+    parser.add_argument(
+        "--id-field", default="uuid", help="column of the sample ids ('' for the row index; default uuid)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_json(parser, always=True)
     parser.set_defaults(handler=_tokenize)

@@ -274,6 +274,17 @@ class TokenShards:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fds": OrderedDict()}
 
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        # At interpreter exit this module's globals may already be None (os): use only what the default
+        # argument and the builtins hold, and print nothing.
+        fds = self.__dict__.get("_fds") or {}
+        while fds:
+            for fd in fds.popitem()[1]:
+                try:  # noqa: SIM105 (contextlib may be None by now)
+                    _close(fd)
+                except OSError:
+                    pass
+
 
 def check_tiling(bounds: np.ndarray, total: int, where: Callable[[], str]) -> None:
     """`SnapshotError` unless shard token ranges ``bounds`` start at 0 and never decrease to `total`."""

@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from puzzletron.dataset.errors import PackingError
-from puzzletron.dataset.packing._plan import PackingPlan, plan_packing
+from puzzletron.dataset.packing._plan import IndexSequence, PackingPlan, plan_packing
 from puzzletron.dataset.packing._units import Units
 from puzzletron.dataset.packing.balance import balance_report, balanced_deal
 from puzzletron.dataset.packing.media import plan_vlm, row_sums
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "IndexSequence",
     "PackingError",
     "PackingPlan",
     "SampleSource",

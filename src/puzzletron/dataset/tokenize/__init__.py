@@ -4,8 +4,9 @@
 is the row-by-row reference); `store` builds (or reuses) a content-addressed token store of a text split,
 `vlm_store` the VLM store of a conversation subset under a processor (`processor`: its parts and the image
 grid), both with worker processes and across `torch.distributed` ranks (`_builder`, shared); `identity` says
-what a store is built from and names it. The on-disk formats are `puzzletron.dataset.formats.token_store`
-and `puzzletron.dataset.formats.vlm_store`.
+what a store is built from and names it; `cache` finds the store of an identity anywhere under a cache
+directory. The on-disk formats are `puzzletron.dataset.formats.token_store` and
+`puzzletron.dataset.formats.vlm_store`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.packing.sources import labels_from_mask, shift_labels
 from puzzletron.dataset.tokenize._workers import map_tasks
+from puzzletron.dataset.tokenize.cache import cache_path, find_store
 from puzzletron.dataset.tokenize.conversations import (
     TokenizedRows,
     TokenizedText,
@@ -43,6 +45,8 @@ __all__ = [
     "assistant_token_mask",
     "build_token_store",
     "build_vlm_store",
+    "cache_path",
+    "find_store",
     "identity_sha256",
     "labels_from_mask",
     "load_tokenizer",

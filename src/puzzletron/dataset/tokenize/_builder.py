@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -177,12 +178,17 @@ def _build_shards(
         else:
             done += rows[k][1] - rows[k][0]
     total = done + sum(rows[k][1] - rows[k][0] for k in todo)
-    if progress is not None:
+    if progress is None:
+        deque(map_tasks(_build_shard, (build, facts), todo, num_proc=num_proc), maxlen=0)
+        return
+    progress(done, total)
+
+    def rows_done(n: int) -> None:  # the shard writers report rows with `advance` as they write them
+        nonlocal done
+        done += n
         progress(done, total)
-    for k, _ in zip(todo, map_tasks(_build_shard, (build, facts), todo, num_proc=num_proc), strict=True):
-        done += rows[k][1] - rows[k][0]
-        if progress is not None:
-            progress(done, total)
+
+    deque(map_tasks(_build_shard, (build, facts), todo, num_proc=num_proc, progress=rows_done), maxlen=0)
 
 
 def _build_dirs(dest: Path) -> list[Path]:
@@ -243,6 +249,12 @@ def _build_with_ranks(dist: Any, build: ShardedBuild, num_proc: int, progress: A
     if len(set(digests)) != 1:
         raise ConfigError(
             f"the ranks ask for different {build.what}s (identity hashes {sorted(set(digests))})"
+        )
+    places = all_gather(dist, str(build.dest))
+    if len(set(places)) != 1:
+        raise SnapshotError(
+            f"the ranks locate this {build.what} at different paths ({sorted(set(places))}): is the cache "
+            "directory one file system every rank sees?"
         )
     with ExitStack() as lock:
         own: BaseException | None = None

@@ -4,10 +4,11 @@
     store = TokenStore(path)          # puzzletron.dataset.formats.token_store
 
 The store (``docs/token-store-format.md``) is content-addressed: `store_identity` covers the split's
-files, the tokenizer, the options and the format version; with ``cache_dir`` it lives at
-``cache_dir/<first 16 hex digits of its SHA-256>``, with ``output`` where asked (a store of another
-identity there is an error naming what differs). A complete store of the same identity is reused without
-loading the tokenizer or reading a row.
+files, the tokenizer, the options and the format version. With ``output`` it lives where asked (a store
+of another identity there is an error naming what differs); with ``cache_dir`` a complete store of the
+same identity anywhere under it is reused (`puzzletron.dataset.tokenize.cache`: also one a user put at
+``cache_dir/puzzle-kd`` with ``output``), else one is built at ``cache_dir/<first 16 hex digits of its
+SHA-256>``. A complete store of the same identity is reused without loading the tokenizer or reading a row.
 
 Shards are fixed row ranges of the split (``rows_per_shard`` rows, part of the identity), so every byte
 and the manifest are the same for any ``num_proc`` and any world size. Building: under the destination's
@@ -49,6 +50,8 @@ from puzzletron.dataset.formats.token_store import (
     read_shard_record,
 )
 from puzzletron.dataset.tokenize._builder import ShardedBuild, StoreFacts, run_build
+from puzzletron.dataset.tokenize._workers import advance
+from puzzletron.dataset.tokenize.cache import cache_path
 from puzzletron.dataset.tokenize.conversations import load_tokenizer, pad_token_id, select_rows, tokenize_rows
 from puzzletron.dataset.tokenize.identity import identity_sha256, store_identity
 
@@ -96,6 +99,7 @@ class _Build(ShardedBuild):
                 (part.input_ids, part.mask), part.offsets, np.flatnonzero(supervised)
             )
             writer.add(ids, mask, np.diff(offsets), part.sample_ids, supervised=supervised)
+            advance(len(part.offsets) - 1)  # rows, as each batch of the shard is written
         return writer.finish(rows=(start, stop))
 
     def assemble(
@@ -118,11 +122,12 @@ def build_token_store(
 ) -> Path:
     """Build or reuse the token store of `split` of `snapshot` (see the module docstring); its path.
 
-    Exactly one of ``output`` (the store directory) and ``cache_dir`` (the store goes to
-    ``cache_dir/<identity hash>``). ``options``: the messages and id columns and ``rows_per_shard`` (all
-    part of the identity). ``num_proc`` worker processes per rank; ``batch_size`` rows rendered and encoded
-    at a time. ``progress(done, total)`` is called with rows of this rank's shards as they finish (in this
-    process).
+    Exactly one of ``output`` (the store directory) and ``cache_dir`` (a store of this identity anywhere
+    under it, else ``cache_dir/<identity hash>``). ``options``: the messages and id columns and
+    ``rows_per_shard`` (all part of the identity). ``num_proc`` worker processes per rank; ``batch_size``
+    rows rendered and encoded at a time. ``progress(done, total)`` is called (in this process) with the
+    rows of this rank's shards written so far: once at the start (finished shards of an earlier run count
+    as done), then as each batch of ``batch_size`` rows is written (from workers: within 0.25 s).
     """
     if (output is None) == (cache_dir is None):
         raise ConfigError("give exactly one of output (the store directory) and cache_dir")
@@ -133,7 +138,7 @@ def build_token_store(
     text_split = open_split(snapshot, split)
     identity = store_identity(text_split, tokenizer=tokenizer, options=options)
     digest = identity_sha256(identity)
-    dest = Path(os.path.abspath(output if output is not None else Path(cache_dir) / digest[:16]))
+    dest = Path(os.path.abspath(output)) if output is not None else cache_path(cache_dir, identity)
     build = _Build(
         split=TextSplit(text_split.root.absolute(), split, text_split.folder.absolute(), text_split.manifest),
         dest=dest,

@@ -45,6 +45,8 @@ from puzzletron.dataset.formats.vlm_store import (
 )
 from puzzletron.dataset.tokenize._builder import ShardedBuild, StoreFacts, run_build
 from puzzletron.dataset.tokenize._chat_template import tokenize_batch
+from puzzletron.dataset.tokenize._workers import advance
+from puzzletron.dataset.tokenize.cache import cache_path
 from puzzletron.dataset.tokenize.conversations import pad_token_id, select_rows
 from puzzletron.dataset.tokenize.identity import identity_sha256, vlm_store_identity
 from puzzletron.dataset.tokenize.processor import IMAGE_TOKEN, VIDEO_TOKEN, VlmProcessor, vlm_processor
@@ -132,6 +134,7 @@ class _VlmBuild(ShardedBuild):
         with SubsetReader(self.subset) as reader:
             for a in range(start, stop, self.batch_size):
                 _add_rows(writer, reader, table, parts, a, min(a + self.batch_size, stop))
+                advance(min(a + self.batch_size, stop) - a)  # rows, as each batch is written
         return writer.finish(rows=(start, stop))
 
     def manifest_fields(self, facts: StoreFacts) -> dict[str, Any]:
@@ -237,7 +240,8 @@ def build_vlm_store(
     a local processor directory); its path (see the module docstring).
 
     Exactly one of ``output`` (the store directory) and ``cache_dir`` (the store goes to
-    ``cache_dir/<first 16 hex digits of its identity hash>``). ``rows_per_shard`` (part of the identity);
+    ``cache_dir/<first 16 hex digits of its identity hash>`` unless a store of this identity is found
+    anywhere under it: `puzzletron.dataset.tokenize.cache`). ``rows_per_shard`` (part of the identity);
     ``num_proc`` worker processes per rank; ``batch_size`` rows rendered at a time; ``progress(done,
     total)`` with rows of this rank's shards as they finish. A complete store of the same identity is
     reused without loading the processor or reading a sample.
@@ -250,7 +254,10 @@ def build_vlm_store(
     root = Path(os.path.abspath(subset))
     identity = vlm_store_identity(root, processor=processor, rows_per_shard=rows_per_shard)
     digest = identity_sha256(identity)
-    dest = Path(os.path.abspath(output if output is not None else Path(cache_dir) / digest[:16]))
+    if output is not None:
+        dest = Path(os.path.abspath(output))
+    else:  # a VLM store of this identity anywhere under the cache directory, else at its hash
+        dest = cache_path(cache_dir, identity, complete=read_complete_manifest)
     build = _VlmBuild(
         subset=root,
         dest=dest,

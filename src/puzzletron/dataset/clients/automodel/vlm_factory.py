@@ -42,7 +42,7 @@ from torch.utils.data import Dataset
 from puzzletron.dataset._checks import did_you_mean, require_bool, require_int
 from puzzletron.dataset.errors import ConfigError, ConversationError, SnapshotError
 from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
-from puzzletron.dataset.formats.subset.reader import SubsetReader
+from puzzletron.dataset.formats.subset.reader import SubsetReader, subset_manifest
 from puzzletron.dataset.formats.vlm_store import VlmStore
 from puzzletron.dataset.tokenize import build_vlm_store
 
@@ -115,14 +115,18 @@ class LengthHints:
         return out
 
 
-def length_hints(reader: SubsetReader, store: VlmStore | None = None) -> LengthHints:
-    """The `LengthHints` of a subset (its manifest's image sizes) and, with its VLM ``store``, exact text
-    tokens; `SnapshotError` when the store was built from another subset."""
-    records = sorted(reader.manifest["images"], key=lambda r: (r["sample_index"], r["image_index"]))
+def length_hints(reader: SubsetReader, store: VlmStore | None = None) -> LengthHints | None:
+    """The `LengthHints` of a subset (its manifest's image sizes; None when the manifest does not record
+    them) and, with its VLM ``store``, exact text tokens; `SnapshotError` when the store was built from
+    another subset. Reads the manifest only: a damaged sample stays an error of that sample's item."""
+    manifest = subset_manifest(reader.root)
+    records = sorted(manifest["images"], key=lambda r: (r["sample_index"], r["image_index"]))
+    if not all(type(r.get("width")) is int and type(r.get("height")) is int for r in records):
+        return None  # an original-layout subset may not record sizes: AutoModel estimates as before
     n = len(reader)
     owner = np.fromiter((r["sample_index"] for r in records), np.int64, len(records))
     start = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=n)[:n])]).astype(np.int64)
-    sizes = np.array([[int(r["height"]), int(r["width"])] for r in records], dtype=np.int64).reshape(-1, 2)
+    sizes = np.array([[r["height"], r["width"]] for r in records], dtype=np.int64).reshape(-1, 2)
     if store is None:
         return LengthHints(start, sizes)
     if store.manifest["identity"]["subset"]["manifest_sha256"] != sha256_file(reader.root / MANIFEST):

@@ -5,6 +5,7 @@ binary files, read by positional reads. `reader` (`TokenStore`), `writer` (shard
 from __future__ import annotations
 
 from puzzletron.dataset.formats.token_store._layout import (
+    LENGTHS,
     TOKEN_STORE_FORMAT,
     TOKEN_STORE_VERSION,
     read_complete_manifest,
@@ -24,6 +25,7 @@ from puzzletron.dataset.formats.token_store.writer import (
 )
 
 __all__ = [
+    "LENGTHS",
     "RECORD",
     "TOKEN_STORE_FORMAT",
     "TOKEN_STORE_VERSION",

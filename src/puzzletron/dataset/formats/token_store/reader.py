@@ -19,7 +19,6 @@ tokens it has read.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -136,7 +135,3 @@ class TokenStore:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit `os` may be gone already
-            self.close()
