@@ -111,7 +111,7 @@ def test_a_gloo_world_of_2_builds_one_store_and_deals_as_one_process(vlm_subset,
     args = (2, _free_port(), vlm_subset, processor_dirs["qwen3_vl"], cache, out)
     tmp_mp.start_processes(_rank_main, args=args, nprocs=2, join=True, start_method="fork")
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
-    (store,) = cache.iterdir()
+    (store,) = [p for p in cache.iterdir() if not p.name.startswith(".")]  # and the hidden plan cache
     assert {r["store"] for r in ranks} == {store.name}
     spec = PuzzletronDataSpec.from_mapping(SPEC)
     alone = build_vlm_batches(

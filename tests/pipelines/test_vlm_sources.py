@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from puzzletron.dataset.config import PuzzletronDataSpec
@@ -34,7 +35,7 @@ def test_a_subset_is_tokenised_once_into_the_cache_and_reused_without_the_proces
         vlm_subset, processor=processor_dirs["qwen3_vl"], spec=SPEC, batch_size=2, cache_dir=cache
     )
     fingerprints = [b.fingerprint for b in first]
-    (store,) = cache.iterdir()
+    (store,) = [p for p in cache.iterdir() if not p.name.startswith(".")]  # and the hidden plan cache
 
     def never(*args, **kwargs):
         raise AssertionError("a reused store must not be tokenised again")
@@ -125,3 +126,27 @@ def test_a_changed_image_file_is_refused_at_batch_time(
         SnapshotError, match=rf"image '{rel}' .*SHA-256 differs from the one the store recorded"
     ):
         list(batches)
+
+
+def test_a_packed_plan_is_planned_once_into_the_plan_cache_and_mapped_after(
+    vlm_stores: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from puzzletron.dataset.packing import plan_cache, plan_vlm
+
+    spec = PuzzletronDataSpec.from_mapping(
+        {"modality": "multimodal", "layout": "packed_varlen", "max_sample_length": 96,
+         "packing": {"pack_size": 96, "long_samples": "truncate"}}
+    )  # fmt: skip
+    store = vlm_stores["qwen3_vl"]
+    first = build_vlm_batches(store, processor=None, spec=spec, batch_size=1, plan_cache=tmp_path / "plans")
+
+    def never(*args, **kwargs):
+        raise AssertionError("a cached plan must not be planned again")
+
+    monkeypatch.setattr(plan_cache, "plan_packing", never)
+    again = build_vlm_batches(store, processor=None, spec=spec, batch_size=1, plan_cache=tmp_path / "plans")
+    alone = plan_vlm(first.store.lengths, first.store.media_end, spec)
+    for plan in (first.plan, again.plan):
+        assert type(plan).__name__ == "MappedPlan" and plan.cut_samples == alone.cut_samples > 0
+        assert plan.rows == alone.rows and list(plan.dropped) == list(alone.dropped)
+        assert np.array_equal(plan.units.length, alone.units.length)

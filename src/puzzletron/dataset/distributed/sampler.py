@@ -146,7 +146,9 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         if loads is not None:
-            loads = np.asarray(loads, dtype=np.int64)
+            loads = np.asarray(loads)
+            if not np.issubdtype(loads.dtype, np.integer):
+                raise ConfigError(f"loads must be integer token counts; got dtype {loads.dtype}")
             if loads.shape != (self.num_items, 2):
                 raise ConfigError(f"loads must be [num_items, 2] = [{self.num_items}, 2]; got {loads.shape}")
             loads.setflags(write=False)

@@ -29,6 +29,7 @@ import numpy as np
 
 from puzzletron.dataset._checks import require_int, require_seed
 from puzzletron.dataset.errors import ConfigError
+from puzzletron.dataset.packing._sort import index_dtype
 
 __all__ = ["ROUNDS", "balance_report", "balanced_deal"]
 
@@ -51,7 +52,7 @@ def _snake(loads: np.ndarray, dp_size: int, batch_size: int) -> np.ndarray:
     """``[steps, dp_size * batch_size]`` positions within each step, so that slot ``r * batch_size + c``
     gets the ``c``-th pack of rank ``r`` in a snake over the step's packs by descending ``loads``."""
     per_step = dp_size * batch_size
-    order = np.argsort(-loads, axis=1, kind="stable")  # [steps, per_step] heaviest first
+    order = np.argsort(-loads.astype(np.int64), axis=1, kind="stable")  # [steps, per_step] heaviest first
     k = np.arange(per_step)
     lap, pos = k // dp_size, k % dp_size
     rank = np.where(lap % 2 == 0, pos, dp_size - 1 - pos)  # 0 1 2 3 3 2 1 0 0 1 ...
@@ -92,8 +93,8 @@ def balanced_deal(
 ) -> np.ndarray:
     """Item indices ``[steps, dp_size, batch_size]`` (int64, ``-1`` = padding slot) of one epoch for items
     (packs) of ``image_tokens`` and real ``tokens`` ``[P]`` each (see the module docstring)."""
-    image_tokens = np.asarray(image_tokens, dtype=np.int64).reshape(-1)
-    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    image_tokens = np.asarray(image_tokens).reshape(-1)  # any integer dtype: no copy of the loads
+    tokens = np.asarray(tokens).reshape(-1)
     if image_tokens.shape != tokens.shape:
         raise ConfigError(f"{image_tokens.size} image-token counts for {tokens.size} items")
     require_int(batch_size, "batch_size", minimum=1, error=ConfigError)
@@ -101,16 +102,20 @@ def balanced_deal(
     seed = require_seed(seed, error=ConfigError)
     epoch = require_int(epoch, "epoch", minimum=0, error=ConfigError)
     n, per_step = image_tokens.size, dp_size * batch_size
+    idx = index_dtype(max(n, 1))  # item indices in int32 below 2**31 items: half the temporaries
     rng = np.random.default_rng([int(seed), int(epoch)]) if shuffle else None
-    perm = rng.permutation(n) if rng is not None else np.arange(n)
+    perm = (rng.permutation(n) if rng is not None else np.arange(n)).astype(idx)
     full = n // per_step
     tail, body = perm[: n - full * per_step], perm[n - full * per_step :]
     # neighbours in image tokens share a step; less full packs sort after the full ones, by real tokens
-    underfull = tokens[body] < _FULL * (tokens.max() if n else 0)
-    key = np.where(underfull, image_tokens.max(initial=0) + 1 + tokens[body], image_tokens[body])
-    steps = body[np.argsort(key, kind="stable")].reshape(full, per_step)
+    top = int(tokens.max()) if n else 0
+    key = image_tokens[body].astype(np.int64)
+    underfull = tokens[body] < _FULL * top
+    key[underfull] = int(image_tokens.max(initial=0)) + 1 + tokens[body][underfull]
+    steps = body[np.argsort(key, kind="stable").astype(idx)].reshape(full, per_step)
+    del key, underfull, body, perm
     steps = np.take_along_axis(steps, _snake(image_tokens[steps], dp_size, batch_size), axis=1)
-    steps = steps[_rounds(full, rng, rounds)].reshape(full, dp_size, batch_size)
+    steps = steps[_rounds(full, rng, rounds)].reshape(full, dp_size, batch_size).astype(np.int64)
     if tail.size == 0 or drop_last:
         return steps
     return np.concatenate([steps, _tail(tail, dp_size, batch_size)])

@@ -29,19 +29,24 @@ from puzzletron.dataset._checks import require_seed
 from puzzletron.dataset.config import PuzzletronDataSpec
 from puzzletron.dataset.errors import ConfigError, PackingError
 from puzzletron.dataset.packing._plan import PackingPlan, plan_packing
+from puzzletron.dataset.packing._sort import chunks
 from puzzletron.dataset.packing._units import cut_long_samples
 
-__all__ = ["plan_vlm", "row_sums"]
+__all__ = ["check_vlm_packing", "plan_vlm", "row_sums"]
 
 
 def row_sums(plan: PackingPlan, per_sample: np.ndarray) -> np.ndarray:
     """``[num_rows]`` int64: the sum of ``per_sample`` ``[N]`` (image tokens, say) over each row's samples
     (a cut unit counts its whole sample: truncation keeps every image)."""
-    order = plan.sample_order if plan.units is None else plan.units.sample[plan.sample_order]
-    if not plan.num_rows:
-        return np.zeros(0, dtype=np.int64)
-    values = np.asarray(per_sample)[order]  # in the per-sample dtype (a store's uint32): 4 bytes a sample
-    return np.add.reduceat(values, plan.row_offsets[:-1], dtype=np.int64)  # rows are never empty
+    per_sample = np.asarray(per_sample)
+    out = np.zeros(plan.num_rows, dtype=np.int64)
+    for rows in chunks(plan.num_rows):  # a share of the samples at a time: bounded temporaries
+        a, b = int(plan.row_offsets[rows.start]), int(plan.row_offsets[rows.stop])
+        order = plan.sample_order[a:b]
+        values = per_sample[order if plan.units is None else plan.units.sample[order]]
+        starts = np.asarray(plan.row_offsets[rows.start : rows.stop]) - a
+        out[rows] = np.add.reduceat(values, starts, dtype=np.int64)  # rows are never empty
+    return out
 
 
 def _single_rows(
@@ -78,6 +83,16 @@ def _single_rows(
     )
 
 
+def check_vlm_packing(spec: PuzzletronDataSpec) -> None:
+    """`ConfigError` for a packing the VLM path refuses: ``long_samples='split'`` (module docstring)."""
+    if spec.packing is not None and spec.packing.long_samples == "split":
+        raise ConfigError(
+            "data.packing.long_samples='split' is not supported for multimodal samples: a piece after the "
+            "first would hold image tokens without their image or the text before it; use 'truncate' (cuts "
+            "only text after the last image), 'drop' or 'raise'"
+        )
+
+
 def plan_vlm(
     lengths: np.ndarray,
     media_end: np.ndarray,
@@ -97,12 +112,7 @@ def plan_vlm(
         raise PackingError(f"{lengths.shape[0]} lengths but {media_end.shape[0]} media ends")
     if spec.packing is None:
         return _single_rows(lengths, media_end, int(spec.max_sample_length), seed, sample_ids)
-    if spec.packing.long_samples == "split":
-        raise ConfigError(
-            "data.packing.long_samples='split' is not supported for multimodal samples: a piece after the "
-            "first would hold image tokens without their image or the text before it; use 'truncate' (cuts "
-            "only text after the last image), 'drop' or 'raise'"
-        )
+    check_vlm_packing(spec)
     return plan_packing(
         lengths, spec.packing, estimated=True, seed=seed, sample_ids=sample_ids, keep_at_least=media_end
     )  # estimated=True: packing_ratio caps the fill (its seed meaning), though the lengths are exact

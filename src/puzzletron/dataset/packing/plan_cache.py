@@ -68,9 +68,12 @@ class MappedPlan(PackingPlan):
         return load_plan, (self.folder, self.key)
 
 
-def plan_key(lengths_identity: str, spec: PackingSpec, *, estimated: bool, seed: int) -> str:
-    """The hex SHA-256 naming a plan: what ``plan_packing`` depends on, and nothing else."""
-    blob = {
+def plan_key(
+    lengths_identity: str, spec: PackingSpec, *, estimated: bool, seed: int, keep_at_least: bool = False
+) -> str:
+    """The hex SHA-256 naming a plan: what ``plan_packing`` depends on, and nothing else (``keep_at_least``:
+    whether the plan had its shortest cuts, which ``lengths_identity`` then covers too)."""
+    blob: dict[str, Any] = {
         "format": PLAN_FORMAT,
         "planner": PLANNER_VERSION,
         "lengths": lengths_identity,
@@ -80,6 +83,8 @@ def plan_key(lengths_identity: str, spec: PackingSpec, *, estimated: bool, seed:
         "estimated": bool(estimated),
         "seed": int(seed),
     }
+    if keep_at_least:  # only then: the keys of plans made before the option stay what they were
+        blob["keep_at_least"] = True
     return hashlib.sha256(json.dumps(blob, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -164,20 +169,31 @@ def cached_plan(
     seed: int = 0,
     estimated: bool = False,
     sample_ids: Sequence[str] | None = None,
+    keep_at_least: Any = None,
 ) -> PackingPlan:
     """`plan_packing` of `lengths`, planned once per key under `cache` and memory-mapped from there.
 
-    ``lengths_identity`` must change whenever the lengths can (a token store's identity hash does). The
-    first caller plans and publishes under a lock; later callers, on any rank sharing `cache`, map it.
+    ``lengths_identity`` must change whenever the lengths can (a token store's identity hash does), and
+    whenever ``keep_at_least`` can when it is given (a VLM store's does). The first caller plans and
+    publishes under a lock; later callers, on any rank sharing `cache`, map it.
     """
-    key = plan_key(lengths_identity, spec, estimated=estimated, seed=seed)
+    key = plan_key(
+        lengths_identity, spec, estimated=estimated, seed=seed, keep_at_least=keep_at_least is not None
+    )
     folder = Path(cache).absolute() / key[:16]
     plan = _published(folder, key)
     if plan is None:
         with locked(folder):
             if _published(folder, key) is None:
                 shutil.rmtree(folder, ignore_errors=True)  # damaged (a cache: planning again is correct)
-                planned = plan_packing(lengths, spec, estimated=estimated, seed=seed, sample_ids=sample_ids)
+                planned = plan_packing(
+                    lengths,
+                    spec,
+                    estimated=estimated,
+                    seed=seed,
+                    sample_ids=sample_ids,
+                    keep_at_least=keep_at_least,
+                )
                 with staging_dir(folder) as tmp:
                     save_plan(planned, tmp, key=key)
         plan = load_plan(folder, key)

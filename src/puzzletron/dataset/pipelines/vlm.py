@@ -23,6 +23,7 @@ Layouts: ``packed_varlen`` (the point), ``padded_varlen`` and ``fixed`` (one sam
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +39,12 @@ from puzzletron.dataset.distributed import DistributedPackSampler
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import MANIFEST, detect
 from puzzletron.dataset.formats.manifest import sha256_file
+from puzzletron.dataset.formats.shards import LENGTHS
 from puzzletron.dataset.formats.subset import SUBSET_FORMAT
-from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT, VlmStore
-from puzzletron.dataset.packing import StoreNames, StoreSamples, plan_vlm, row_sums
+from puzzletron.dataset.formats.vlm_store import MEDIA_END, VLM_STORE_FORMAT, VlmStore
+from puzzletron.dataset.packing import PackingPlan, StoreNames, StoreSamples, plan_vlm, row_sums
+from puzzletron.dataset.packing.media import check_vlm_packing
+from puzzletron.dataset.packing.plan_cache import cached_plan
 from puzzletron.dataset.pipelines._batches import RankBatches
 from puzzletron.dataset.pipelines._vlm_media import VlmMedia, VlmPackedBatches, check_processor
 from puzzletron.dataset.tokenize import build_vlm_store, vlm_processor
@@ -94,6 +98,35 @@ def _check_subset(store: VlmStore, subset: Path) -> None:
         raise SnapshotError(f"{subset} is not the subset the VLM store {store.path} was built from")
 
 
+def _plan(store: VlmStore, spec: PuzzletronDataSpec, *, seed: int, cache: Any, cache_dir: Any) -> PackingPlan:
+    """The plan of the store's samples: packs from the plan cache (planned there once), one sample a row
+    otherwise (cheap: planned here)."""
+    if spec.packing is None:
+        return plan_vlm(store.lengths, store.media_end, spec, seed=seed, sample_ids=StoreNames(store))
+    check_vlm_packing(spec)
+    if cache is None:  # hidden: a cache directory still lists only stores
+        beside = store.path.with_name(f".{store.path.name}.plans")
+        cache = Path(cache_dir, ".plans") if cache_dir is not None else beside
+    digests = {r["path"]: r["sha256"] for r in store.manifest["files"]}
+    identity = ":".join([store.manifest["identity_sha256"], digests[LENGTHS], digests[MEDIA_END]])
+    try:
+        return cached_plan(
+            store.lengths,
+            spec.packing,
+            lengths_identity=identity,
+            cache=cache,
+            seed=seed,
+            estimated=True,
+            sample_ids=StoreNames(store),
+            keep_at_least=store.media_end,
+        )  # fmt: skip  (estimated: packing_ratio caps the fill, its seed meaning)
+    except OSError as exc:  # a read-only or full disk: plan in memory (every rank does the work)
+        logging.getLogger(__name__).warning(
+            "plan cache %s is not writable (%s); planning in memory", cache, exc
+        )
+        return plan_vlm(store.lengths, store.media_end, spec, seed=seed, sample_ids=StoreNames(store))
+
+
 def build_vlm_batches(
     source: str | Path,
     *,
@@ -112,6 +145,7 @@ def build_vlm_batches(
     pixel_dtype: torch.dtype = torch.float32,
     balance: bool = True,
     rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
+    plan_cache: str | Path | None = None,
 ) -> VlmBatches:
     """Subset (or VLM store) + processor + `PuzzletronDataSpec` -> this DP rank's multimodal batches.
 
@@ -123,7 +157,10 @@ def build_vlm_batches(
     layouts as in `build_batches` (``pad_to_multiple_of`` for ``padded_varlen``). ``batch_size`` rows per
     batch per rank; ``seed`` orders the packs and the epochs' deals; ``balance`` evens image and real tokens
     across the ranks of a step (``shuffle=False`` keeps the plan's order). ``pixel_dtype``: the dtype of
-    ``pixel_values`` (the processor gives float32; ``torch.bfloat16`` halves the bytes).
+    ``pixel_values`` (the processor gives float32; ``torch.bfloat16`` halves the bytes). A packed plan is
+    planned once and memory-mapped by every rank and restart (`puzzletron.dataset.packing.plan_cache`): in
+    ``plan_cache``, by default ``cache_dir/.plans``, else ``.<store name>.plans`` beside the store (planned
+    in memory when that folder cannot be written).
     """
     if Modality(spec.modality) is not Modality.MULTIMODAL:
         raise ConfigError(
@@ -139,7 +176,7 @@ def build_vlm_batches(
         check_processor(store, vlm_processor(processor))
     if images_from is not None and images_from != root:
         _check_subset(store, images_from)
-    plan = plan_vlm(store.lengths, store.media_end, spec, seed=seed, sample_ids=StoreNames(store))
+    plan = _plan(store, spec, seed=seed, cache=plan_cache, cache_dir=cache_dir)
     media = None
     if processor is not None and images_from is not None:
         proc = str(processor) if isinstance(processor, str | Path) else processor
@@ -152,7 +189,12 @@ def build_vlm_batches(
         pad_to_multiple_of=pad_to_multiple_of,
         media=media,
     )
-    loads = np.stack([row_sums(plan, store.image_tokens), plan.row_lengths], axis=1) if balance else None
+    # [packs, 2] image and real tokens of every pack (int32: a pack's tokens fit)
+    loads = (
+        np.stack([row_sums(plan, store.image_tokens), plan.row_lengths], axis=1).astype(np.int32)
+        if balance
+        else None
+    )
     sampler = DistributedPackSampler(
         plan.num_rows,
         batch_size=batch_size,

@@ -6,6 +6,7 @@ the names and manifest checks they share stay private to this package."""
 from __future__ import annotations
 
 from puzzletron.dataset.formats.vlm_store._layout import (
+    MEDIA_END,
     SKIP_REASONS,
     VLM_STORE_FORMAT,
     VLM_STORE_VERSION,
@@ -20,6 +21,7 @@ from puzzletron.dataset.formats.vlm_store.writer import (
 )
 
 __all__ = [
+    "MEDIA_END",
     "SKIP_REASONS",
     "VLM_STORE_FORMAT",
     "VLM_STORE_VERSION",
