@@ -254,7 +254,9 @@ def vlm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     processor = load_qwen2_5_vl_processor(build_qwen2_5_vl_processor(root / "processor"))
     samples = [_vlm_sample(i, n) for i, n in enumerate(IMAGES)]
     materialize_normalized_conversation_samples(iter(samples), root / "subset")
-    dataset = load_materialized_conversation_dataset(root / "subset", num_samples=len(IMAGES))
+    dataset = load_materialized_conversation_dataset(  # with exact length hints: the subset's VLM store
+        root / "subset", num_samples=len(IMAGES), processor_path=root / "processor", cache_dir=root / "stores"
+    )
     config = Qwen2_5_VLConfig.from_dict(qwen2_5_vl_config(processor.tokenizer))
     models = {}
     for attn in ("sdpa", "eager"):
@@ -266,9 +268,8 @@ def vlm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     wrapped = PreTokenizedDatasetWrapper(dataset, processor, inject_fake_images=False)
     packs = neat_pack_dataset_vlm(
         wrapped,
-        # AutoModel estimates 500 tokens per stored image (it cannot see their size): a large pack_size
-        # lets two image documents share a pack; rows are as long as the packs really are (under 100).
-        pack_size=1040,
+        # The factory's hints give AutoModel every true length (32-46 tokens): packs of about two documents.
+        pack_size=96,
         get_rope_index=models["sdpa"].model.get_rope_index,
         ds_raw=dataset,
         processor=processor,

@@ -67,9 +67,13 @@ def processor(workdir: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def vlm_dataset(workdir: Path) -> Any:
+def vlm_dataset(workdir: Path, processor: Any) -> Any:
+    """The factory over 8 conversations, with exact length hints (the subset's VLM store under the
+    processor): AutoModel's neat packing then knows every sample's true length."""
     materialize_normalized_conversation_samples((_vlm_sample(i) for i in range(8)), workdir / "vlm")
-    return load_materialized_conversation_dataset(workdir / "vlm", num_samples=8)
+    return load_materialized_conversation_dataset(
+        workdir / "vlm", num_samples=8, processor_path=workdir / "processor", cache_dir=workdir / "stores"
+    )
 
 
 @pytest.mark.parametrize("collate", [default_collate_fn, qwen2_5_collate_fn], ids=["default", "qwen2_5"])
@@ -142,7 +146,7 @@ def vlm_packs(vlm_dataset: Any, processor: Any) -> Any:
     model = Qwen2_5_VLModel(config)
     wrapped = PreTokenizedDatasetWrapper(vlm_dataset, processor, inject_fake_images=False)
     packs = neat_pack_dataset_vlm(
-        wrapped, pack_size=256, get_rope_index=model.get_rope_index, ds_raw=vlm_dataset, processor=processor
+        wrapped, pack_size=128, get_rope_index=model.get_rope_index, ds_raw=vlm_dataset, processor=processor
     )
     return packs, [packs[i] for i in range(len(packs))]
 
