@@ -275,9 +275,11 @@ def test_every_block_runs_on_the_fixture_hub(workdir: Path, caplog: pytest.LogCa
     finally:
         shell.close()
     assert len(ran) == sum(1 for b in BLOCKS if b.marker is None and b.lang != "text") >= 8, ran
-    # One store, never two: tokenize wrote stores/puzzle-kd; build_batches and AutoModel found it there.
+    # One store, never two: tokenize wrote stores/puzzle-kd (and the VLM store stores/vlm); build_batches,
+    # build_vlm_batches and AutoModel found them there.
     assert sorted(p.name for p in (workdir / "stores").iterdir() if not p.name.startswith(".")) == [
-        "puzzle-kd"
+        "puzzle-kd",
+        "vlm",
     ]
     reused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reusing token store")]
     assert reused and all(m.endswith(str(workdir / "stores" / "puzzle-kd")) for m in reused), reused

@@ -37,7 +37,7 @@ import torch
 
 from puzzletron.dataset._checks import is_int, require_int, require_seed
 from puzzletron.dataset.errors import ConfigError
-from puzzletron.dataset.packing.balance import balanced_deal
+from puzzletron.dataset.packing.balance import balanced_deal, tail_step
 
 __all__ = ["BatchKey", "DistributedPackSampler", "deal_epoch", "steps_per_epoch"]
 
@@ -83,13 +83,7 @@ def deal_epoch(
     tail = num_items - full * per_step
     if tail == 0 or drop_last:
         return body
-    base, extra = divmod(tail, dp_size)
-    sizes = base + (np.arange(dp_size) < extra)  # [dp_size] items per rank in the tail step
-    rank = np.repeat(np.arange(dp_size), sizes)
-    column = np.arange(tail) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-    last = np.full((1, dp_size, batch_size), -1, dtype=np.int64)
-    last[0, rank, column] = order[full * per_step :]
-    return np.concatenate([body, last])
+    return np.concatenate([body, tail_step(order[full * per_step :], dp_size, batch_size)])
 
 
 @dataclass(frozen=True)

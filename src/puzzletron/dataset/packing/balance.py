@@ -31,14 +31,15 @@ from puzzletron.dataset._checks import require_int, require_seed
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.packing._sort import index_dtype
 
-__all__ = ["ROUNDS", "balance_report", "balanced_deal"]
+__all__ = ["ROUNDS", "balance_report", "balanced_deal", "tail_step"]
 
 ROUNDS = 10  # tenths of an epoch, each a stratified sample of the steps
 _FULL = 0.99  # a pack with fewer real tokens than this share of the fullest is dealt apart
 
 
-def _tail(items: np.ndarray, dp_size: int, batch_size: int) -> np.ndarray:
-    """``[1, dp_size, batch_size]``: `deal_epoch`'s tail step of ``items`` (contiguous, -1 padding)."""
+def tail_step(items: np.ndarray, dp_size: int, batch_size: int) -> np.ndarray:
+    """``[1, dp_size, batch_size]`` int64: the tail step of a deal, ``items`` (fewer than a step) dealt
+    contiguously, the first ``len(items) % dp_size`` ranks one more, ``-1`` in the empty slots."""
     base, extra = divmod(items.size, dp_size)
     sizes = base + (np.arange(dp_size) < extra)
     rank = np.repeat(np.arange(dp_size), sizes)
@@ -118,7 +119,7 @@ def balanced_deal(
     steps = steps[_rounds(full, rng, rounds)].reshape(full, dp_size, batch_size).astype(np.int64)
     if tail.size == 0 or drop_last:
         return steps
-    return np.concatenate([steps, _tail(tail, dp_size, batch_size)])
+    return np.concatenate([steps, tail_step(tail, dp_size, batch_size)])
 
 
 def balance_report(deal: np.ndarray, image_tokens: np.ndarray, tokens: np.ndarray) -> dict[str, float]:

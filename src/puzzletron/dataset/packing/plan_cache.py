@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -37,6 +38,8 @@ from puzzletron.dataset.packing._plan import IndexSequence, PackingPlan, plan_pa
 from puzzletron.dataset.packing._units import Units
 from puzzletron.dataset.storage.atomic import locked, staging_dir
 
+_LOG = logging.getLogger(__name__)
+
 __all__ = [
     "PLANNER_VERSION",
     "PLAN_FORMAT",
@@ -45,6 +48,7 @@ __all__ = [
     "load_plan",
     "plan_key",
     "save_plan",
+    "store_plan",
 ]
 
 PLAN_FORMAT = "puzzletron-packing-plan"
@@ -208,3 +212,39 @@ def _published(folder: Path, key: str) -> MappedPlan | None:
         return load_plan(folder, key)
     except SnapshotError:
         return None
+
+
+def store_plan(
+    store: Any,
+    spec: PackingSpec,
+    *,
+    seed: int,
+    cache: str | Path | None,
+    cache_dir: str | Path | None,
+    files: Sequence[str],
+    estimated: bool = False,
+    keep_at_least: Any = None,
+) -> PackingPlan:
+    """The plan of a store's samples (a token or VLM store: ``lengths``, ``manifest``, ``path``) through the
+    plan cache: in ``cache``, else ``cache_dir/.plans``, else ``.<store name>.plans`` beside the store
+    (hidden: a cache directory still lists only stores). Its lengths identity is the store's identity hash
+    and the SHA-256s of the index ``files`` the plan reads; a cache that cannot be written plans in memory
+    (every rank does the work) with a warning."""
+    from puzzletron.dataset.packing.sources import StoreNames
+
+    if cache is None:
+        beside = store.path.with_name(f".{store.path.name}.plans")
+        cache = Path(cache_dir, ".plans") if cache_dir is not None else beside
+    digests = {r["path"]: r["sha256"] for r in store.manifest["files"]}
+    identity = ":".join([store.manifest["identity_sha256"], *(digests[f] for f in files)])
+    options = {
+        "seed": seed,
+        "estimated": estimated,
+        "sample_ids": StoreNames(store),
+        "keep_at_least": keep_at_least,
+    }
+    try:
+        return cached_plan(store.lengths, spec, lengths_identity=identity, cache=cache, **options)
+    except OSError as exc:
+        _LOG.warning("plan cache %s is not writable (%s); planning in memory", cache, exc)
+        return plan_packing(store.lengths, spec, **options)

@@ -17,7 +17,6 @@ tokens; the batches are identical (same fingerprints) to those of the in-memory 
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,15 +30,13 @@ from puzzletron.dataset.formats import MANIFEST, detect
 from puzzletron.dataset.formats.text_snapshot import load_text_split
 from puzzletron.dataset.formats.token_store import LENGTHS, TOKEN_STORE_FORMAT, TokenStore
 from puzzletron.dataset.packing import PackingPlan, TokenizedSamples, plan_packing
-from puzzletron.dataset.packing.plan_cache import cached_plan
-from puzzletron.dataset.packing.sources import StoreNames, StoreSamples
+from puzzletron.dataset.packing.plan_cache import store_plan
+from puzzletron.dataset.packing.sources import StoreSamples
 from puzzletron.dataset.pipelines._batches import RankBatches
 from puzzletron.dataset.pipelines._report import LOG, BuildProgress, is_rank_zero, log_plan
 from puzzletron.dataset.tokenize import TokenizedText, build_token_store, tokenize_conversations
 
 __all__ = ["TextBatches", "build_batches", "is_token_store", "load_text_split"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,24 +138,7 @@ def _plan(
     """The packing plan of `samples`: from the plan cache for a token store, else planned here."""
     if isinstance(samples, TokenizedSamples):
         return plan_packing(samples.lengths, spec, seed=seed, sample_ids=samples.sample_ids)
-    store = samples.store
-    if cache is None:  # hidden: a cache directory still lists only stores
-        beside = store.path.with_name(f".{store.path.name}.plans")
-        cache = Path(cache_dir, ".plans") if cache_dir is not None else beside
-    lengths_file = next(r["sha256"] for r in store.manifest["files"] if r["path"] == LENGTHS)
-    identity = f"{store.manifest['identity_sha256']}:{lengths_file}"
-    try:
-        return cached_plan(
-            samples.lengths,
-            spec,
-            lengths_identity=identity,
-            cache=cache,
-            seed=seed,
-            sample_ids=StoreNames(store),
-        )
-    except OSError as exc:  # a read-only or full disk: plan in memory (every rank does the work)
-        logger.warning("plan cache %s is not writable (%s); planning in memory", cache, exc)
-        return plan_packing(samples.lengths, spec, seed=seed, sample_ids=StoreNames(store))
+    return store_plan(samples.store, spec, seed=seed, cache=cache, cache_dir=cache_dir, files=(LENGTHS,))
 
 
 def _tokenized(

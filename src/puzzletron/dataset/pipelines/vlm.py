@@ -23,7 +23,6 @@ Layouts: ``packed_varlen`` (the point), ``padded_varlen`` and ``fixed`` (one sam
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +43,7 @@ from puzzletron.dataset.formats.subset import SUBSET_FORMAT
 from puzzletron.dataset.formats.vlm_store import MEDIA_END, VLM_STORE_FORMAT, VlmStore
 from puzzletron.dataset.packing import PackingPlan, StoreNames, StoreSamples, plan_vlm, row_sums
 from puzzletron.dataset.packing.media import check_vlm_packing
-from puzzletron.dataset.packing.plan_cache import cached_plan
+from puzzletron.dataset.packing.plan_cache import store_plan
 from puzzletron.dataset.pipelines._batches import RankBatches
 from puzzletron.dataset.pipelines._vlm_media import VlmMedia, VlmPackedBatches, check_processor
 from puzzletron.dataset.tokenize import build_vlm_store, vlm_processor
@@ -104,27 +103,16 @@ def _plan(store: VlmStore, spec: PuzzletronDataSpec, *, seed: int, cache: Any, c
     if spec.packing is None:
         return plan_vlm(store.lengths, store.media_end, spec, seed=seed, sample_ids=StoreNames(store))
     check_vlm_packing(spec)
-    if cache is None:  # hidden: a cache directory still lists only stores
-        beside = store.path.with_name(f".{store.path.name}.plans")
-        cache = Path(cache_dir, ".plans") if cache_dir is not None else beside
-    digests = {r["path"]: r["sha256"] for r in store.manifest["files"]}
-    identity = ":".join([store.manifest["identity_sha256"], digests[LENGTHS], digests[MEDIA_END]])
-    try:
-        return cached_plan(
-            store.lengths,
-            spec.packing,
-            lengths_identity=identity,
-            cache=cache,
-            seed=seed,
-            estimated=True,
-            sample_ids=StoreNames(store),
-            keep_at_least=store.media_end,
-        )  # fmt: skip  (estimated: packing_ratio caps the fill, its seed meaning)
-    except OSError as exc:  # a read-only or full disk: plan in memory (every rank does the work)
-        logging.getLogger(__name__).warning(
-            "plan cache %s is not writable (%s); planning in memory", cache, exc
-        )
-        return plan_vlm(store.lengths, store.media_end, spec, seed=seed, sample_ids=StoreNames(store))
+    return store_plan(
+        store,
+        spec.packing,
+        seed=seed,
+        cache=cache,
+        cache_dir=cache_dir,
+        files=(LENGTHS, MEDIA_END),
+        estimated=True,
+        keep_at_least=store.media_end,
+    )  # fmt: skip  (estimated: packing_ratio caps the fill, its seed meaning)
 
 
 def build_vlm_batches(

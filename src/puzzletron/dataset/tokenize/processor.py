@@ -68,8 +68,8 @@ class GridConfig:
         ``refused`` marks aspect ratios over 200, which the processor rejects (their grid is meaningless).
 
         >>> g = GridConfig(14, 2, 2, 56 * 56, 448 * 448)
-        >>> g.grids(np.array([56, 640]), np.array([56, 480]))[0].tolist()
-        [[1, 4, 4], [1, 28, 36]]
+        >>> g.grids(np.array([56, 640]), np.array([56, 480]))[0].tolist()  # 640x480 is over max_pixels
+        [[1, 4, 4], [1, 26, 36]]
         """
         w = np.asarray(widths, dtype=np.float64)
         h = np.asarray(heights, dtype=np.float64)
