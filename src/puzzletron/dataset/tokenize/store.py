@@ -201,7 +201,9 @@ def _reusable(build: _Build) -> bool:
 
 
 def _prepare(build: _Build) -> _Facts:
-    """Under the lock: the build directory (created, swept) and the facts every rank builds with."""
+    """Under the lock: the split's bytes checked against the manifest its identity comes from, the build
+    directory (created, swept) and the facts every rank builds with."""
+    build.split.check_bytes()
     _sweep(build.dest, keep=build.build_dir)
     build.build_dir.mkdir(exist_ok=True)
     tok = load_tokenizer(build.tokenizer)
