@@ -30,7 +30,8 @@ def test_an_arrow_file_edited_in_place_builds_nothing_and_does_not_poison_the_ca
     shutil.copytree(snapshot, damaged)
     arrow = next((damaged / "train").glob("data-*.arrow"))
     old, new = edit_arrow_in_place(arrow)
-    assert old != new and arrow.stat().st_size == next((snapshot / "train").glob("data-*.arrow")).stat().st_size
+    clean_arrow = next((snapshot / "train").glob("data-*.arrow"))
+    assert old != new and arrow.stat().st_size == clean_arrow.stat().st_size
     cache = tmp_path / "cache"
     with pytest.raises(SnapshotError) as exc:
         build_token_store(damaged, tokenizer=tokenizer_dir, cache_dir=cache, options=OPTIONS)

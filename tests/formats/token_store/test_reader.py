@@ -145,10 +145,11 @@ def test_verify_catches_a_tampered_shard_and_the_reader_refuses_its_ids(
     assert not report.ok
     assert any("000002.tokens: SHA-256 differs" in p for p in report.problems)
     assert any("token id 65535 is outside the vocabulary" in p for p in report.problems)
-    store = TokenStore(store_dir)  # sizes match: opening succeeds, reading the damaged bytes does not
+    store = TokenStore(store_dir)  # sizes match: opening succeeds, reading the damaged block does not
     first = store.manifest["shards"][2]["tokens"][0]
-    with pytest.raises(SubsetError, match="outside the vocabulary"):
+    with pytest.raises(SubsetError, match=r"000002\.tokens: bytes 0\.\.\d+ \(block 0\) do not match"):
         store.read([first], [first + 200])
+    assert np.array_equal(store.read([0], [first])[0], TokenStore(store_path).read([0], [first])[0])
 
 
 @pytest.mark.parametrize("change", ["truncate", "extend", "remove"])
@@ -184,7 +185,7 @@ def test_verify_catches_an_inconsistent_index_behind_matching_hashes(
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("version", 2, "token store version 2 is not supported"),
+    ("version", 1, "token store version 1 is not supported"),
     ("format", "puzzletron-text-snapshot", "not a token store"),
 ])  # fmt: skip
 def test_the_reader_refuses_another_version_or_format(

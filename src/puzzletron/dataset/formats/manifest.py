@@ -23,6 +23,7 @@ __all__ = [
     "VerifyReport",
     "acquisition_mismatch",
     "bytes_on_disk",
+    "canonical_sha256",
     "check_file",
     "differing_keys",
     "human_size",
@@ -65,6 +66,16 @@ def sha256_file(path: Path) -> str:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def canonical_sha256(value: Any) -> str:
+    """The hex SHA-256 of `value` as sorted, compact JSON (how an identity is named).
+
+    >>> canonical_sha256({"b": 1, "a": [2]}) == canonical_sha256({"a": [2], "b": 1})
+    True
+    """
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
 
 
 def _too_deep(value: Any, limit: int) -> bool:

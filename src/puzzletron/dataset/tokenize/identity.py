@@ -16,7 +16,6 @@ True
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ from typing import Any
 
 from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.errors import ConfigError
-from puzzletron.dataset.formats.manifest import sha256_file
+from puzzletron.dataset.formats.manifest import canonical_sha256, sha256_file
 from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT, TextSplit
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
 
@@ -46,9 +45,9 @@ _TOKENIZER_FILE = re.compile(
 
 
 def identity_sha256(identity: Mapping[str, Any]) -> str:
-    """The hex SHA-256 of `identity` as sorted, compact JSON."""
-    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return hashlib.sha256(blob).hexdigest()
+    """The hex SHA-256 of `identity` as sorted, compact JSON (`formats.manifest.canonical_sha256`: what a
+    store's reader checks ``identity_sha256`` against)."""
+    return canonical_sha256(identity)
 
 
 def short_hash(identity: Mapping[str, Any]) -> str:

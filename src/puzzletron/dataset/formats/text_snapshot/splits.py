@@ -64,10 +64,10 @@ class TextSplit:
         return dict(sorted(files.items()))
 
     def check_bytes(self) -> None:
-        """Hash every file of the split and compare it with the text snapshot's manifest: a build that takes
-        its identity from the manifest's SHA-256s must not read other bytes under it (``docs/trust-model.md``).
-        `SnapshotError` naming the first file that differs. Without a manifest the identity was hashed from
-        these very files, so there is nothing to compare. Reads every byte of the split once."""
+        """Hash every file of the split and compare it with the text snapshot's manifest: a build that
+        takes its identity from the manifest's SHA-256s must not read other bytes under it
+        (``docs/trust-model.md``). `SnapshotError` naming the first file that differs. Without a manifest
+        the identity was hashed from these very files: nothing to compare. Reads every byte of the split."""
         if self.manifest is None or "files" not in self.manifest:
             return
         prefix = f"{self.folder.relative_to(self.root).as_posix()}/"

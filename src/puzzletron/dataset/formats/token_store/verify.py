@@ -1,10 +1,10 @@
 """Verify and describe a token store (``puzzletron-data verify`` / ``inspect`` dispatch here).
 
-`verify_token_store` reads every byte: every file's size and SHA-256, every token id against the
-vocabulary, every sample's supervision (at least one label) from the mask bits, and the index's
-consistency (offsets from 0 by the lengths, shard ranges tiling samples, tokens and rows, id offsets, the
-counts). It reports every problem and never raises for a damaged store. Memory: one shard's mask and one
-chunk of the index at a time.
+`verify_token_store` reads every byte: every manifest field (`_layout.check_manifest`), every file's size,
+SHA-256 and block checksums, every token id against the vocabulary, every sample's supervision (at least
+one label) from the mask bits, and the index's consistency (offsets from 0 by the lengths, shard ranges
+tiling samples, tokens and rows, id offsets, the counts). It reports every problem and never raises for a
+damaged store. Memory: one shard's mask and one chunk of the index at a time.
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ from typing import Any
 import numpy as np
 
 from puzzletron.dataset.errors import SnapshotError
-from puzzletron.dataset.formats.manifest import (
-    MANIFEST,
-    VerifyReport,
-    bytes_on_disk,
-    check_file,
-    human_size,
-    verify_file,
-)
+from puzzletron.dataset.formats import blocks as _blocks
+from puzzletron.dataset.formats.manifest import VerifyReport, bytes_on_disk, check_file, human_size
 from puzzletron.dataset.formats.token_store import _layout as layout
 
 __all__ = ["describe_token_store", "render_token_store", "verify_token_store"]
@@ -33,38 +27,57 @@ _CHUNK = 1 << 24  # bytes of a token file hashed at a time
 _INDEX_CHUNK = 1 << 20  # samples of the index checked at a time
 
 
-def _scan_tokens(path: Path, dtype: np.dtype) -> tuple[str, int]:
-    """SHA-256 of a token file and its largest id (-1 when empty), in one pass."""
-    digest, largest = hashlib.sha256(), -1
+def _scan(path: Path, dtype: np.dtype | None = None) -> tuple[str, np.ndarray, int]:
+    """SHA-256 of a file, its block checksums and (with `dtype`) its largest id (-1 when empty), one pass."""
+    digest, blocks, largest = hashlib.sha256(), _blocks.BlockHasher(), -1
     with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK - _CHUNK % dtype.itemsize):
+        while chunk := fh.read(_CHUNK):  # a multiple of the block size and of any itemsize
             digest.update(chunk)
-            if len(chunk) >= dtype.itemsize:
+            blocks.update(chunk)
+            if dtype is not None and len(chunk) >= dtype.itemsize:
                 whole = len(chunk) - len(chunk) % dtype.itemsize
                 largest = max(largest, int(np.frombuffer(chunk[:whole], dtype=dtype).max()))
-    return digest.hexdigest(), largest
+    return digest.hexdigest(), blocks.finish(), largest
+
+
+def _hash_file(
+    root: Path, record: Mapping[str, Any], sums: dict[str, np.ndarray], problems: list[str], dtype=None
+) -> int:
+    """Size and SHA-256 of one file against its record; its block checksums into `sums`; its largest id."""
+    try:
+        digest, sums[record["path"]], largest = _scan(check_file(root, record, within=layout.WITHIN), dtype)
+    except (SnapshotError, OSError) as exc:
+        problems.append(str(exc))
+        return -1
+    if digest != record["sha256"]:
+        problems.append(f"{root}: {record['path']}: SHA-256 differs from the manifest")
+    return largest
 
 
 def _check_shard(
-    root: Path, manifest: Mapping[str, Any], k: int, offsets: np.ndarray, problems: list[str]
+    root: Path,
+    manifest: Mapping[str, Any],
+    k: int,
+    offsets: np.ndarray,
+    sums: dict[str, np.ndarray],
+    problems: list[str],
 ) -> int:
     """Hash shard `k`'s files, check its ids and its samples' supervision; its supervised labels."""
     records = {r["path"]: r for r in manifest["files"]}
     dtype = np.dtype(manifest["token_dtype"]).newbyteorder("<")
     (t0, t1), (s0, s1) = manifest["shards"][k]["tokens"], manifest["shards"][k]["samples"]
     where = f"{root}: shard {k}"
-    tokens, mask = records[layout.tokens_name(k)], records[layout.mask_name(k)]
+    mask = records[layout.mask_name(k)]
+    largest = _hash_file(root, records[layout.tokens_name(k)], sums, problems, dtype)
     try:
-        digest, largest = _scan_tokens(check_file(root, tokens, within=layout.WITHIN), dtype)
         packed = check_file(root, mask, within=layout.WITHIN).read_bytes()
     except (SnapshotError, OSError) as exc:
         problems.append(str(exc))
         return 0
-    if digest != tokens.get("sha256"):
-        problems.append(f"{where}: {layout.tokens_name(k)}: SHA-256 differs from the manifest")
+    sums[mask["path"]] = _blocks.block_sums(packed)
     if hashlib.sha256(packed).hexdigest() != mask.get("sha256"):
         problems.append(f"{where}: {layout.mask_name(k)}: SHA-256 differs from the manifest")
-    if largest >= manifest.get("vocab_size", 0):
+    if largest >= manifest["vocab_size"]:
         problems.append(
             f"{where}: token id {largest} is outside the vocabulary ({manifest.get('vocab_size')})"
         )
@@ -91,7 +104,9 @@ def _check_strings(root: Path, rel_offsets: str, rel_bytes: str, count: int, pro
         problems.append(f"{root}: {rel_offsets} does not cut {rel_bytes} ({size} bytes) into {count} strings")
 
 
-def _check_index(root: Path, manifest: Mapping[str, Any], problems: list[str]) -> None:
+def _check_index(
+    root: Path, manifest: Mapping[str, Any], sums: dict[str, np.ndarray], problems: list[str]
+) -> None:
     counts, shards = manifest["counts"], manifest["shards"]
     n, total = counts["samples"], counts["tokens"]
     offsets, lengths = (
@@ -119,7 +134,7 @@ def _check_index(root: Path, manifest: Mapping[str, Any], problems: list[str]) -
     wanted = {"rows": counts["rows"], "samples": n, "tokens": total}
     if ends != wanted or counts["shards"] != len(shards) or counts["rows"] - n != counts["skipped"]:
         problems.append(f"{root}: the shards cover {ends}; the counts say {counts}")
-    supervised = sum(_check_shard(root, manifest, k, offsets, problems) for k in range(len(shards)))
+    supervised = sum(_check_shard(root, manifest, k, offsets, sums, problems) for k in range(len(shards)))
     if not problems and supervised != counts.get("supervised_tokens"):
         problems.append(
             f"{root}: {supervised} supervised labels; the counts say {counts.get('supervised_tokens')}"
@@ -132,29 +147,35 @@ def verify_token_store(path: str | Path) -> VerifyReport:
     root = Path(path).absolute()
     try:
         manifest = layout.load_store_manifest(root)
-        sizes = layout.expected_sizes(manifest, root / MANIFEST)
-        records = {r["path"]: r for r in manifest["files"]}
-    except (SnapshotError, KeyError, TypeError) as exc:
-        return VerifyReport(
-            str(root), 0, 0, (f"{root}: unreadable token store manifest: {exc}",), layout.TOKEN_STORE_FORMAT
-        )
+    except SnapshotError as exc:
+        return VerifyReport(str(root), 0, 0, (str(exc),), layout.TOKEN_STORE_FORMAT)
+    sizes = layout.expected_sizes(manifest)
+    records = {r["path"]: r for r in manifest["files"]}
     problems: list[str] = []
-    expected = set(sizes) | {layout.IDS_BIN, layout.SKIPPED_BIN}
-    if set(records) != expected:
-        problems.append(f"{root}: the manifest lists {sorted(set(records) ^ expected)} unlike this layout")
+    if [r["path"] for r in manifest["files"]] != sorted(sizes):
+        problems.append(f"{root}: the manifest lists {sorted(set(records) ^ set(sizes))} unlike this layout "
+                        "(or out of order)")  # fmt: skip
+    sums: dict[str, np.ndarray] = {}
     for rel, record in sorted(records.items()):
-        if rel in sizes and record.get("bytes") != sizes[rel]:
+        if rel in sizes and record["bytes"] != sizes[rel]:
             problems.append(
-                f"{root}: {rel} is recorded with {record.get('bytes')} bytes; counts imply {sizes[rel]}"
+                f"{root}: {rel} is recorded with {record['bytes']} bytes; counts imply {sizes[rel]}"
             )
         if not rel.startswith("shards/"):  # shard files are hashed by _check_shard, with their checks
-            verify_file(root, record, problems, within=layout.WITHIN)
+            _hash_file(root, record, sums, problems)
     if not problems:  # the shards are hashed and checked with the index
         try:
-            _check_index(root, manifest, problems)
+            _check_index(root, manifest, sums, problems)
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             problems.append(f"{root}: the index is unreadable or inconsistent: {exc}")
-    samples = manifest.get("counts", {}).get("samples", 0)
+    if not problems:
+        stored = np.fromfile(root / layout.BLOCKS, dtype="<u8")
+        found = np.concatenate(
+            [np.zeros(0, np.uint64), *(sums[rel] for rel, _ in layout.block_files(manifest))]
+        )
+        if stored.shape != found.shape or not np.array_equal(stored, found):
+            problems.append(f"{root}: {layout.BLOCKS} does not hold the block checksums of the files")
+    samples = manifest["counts"]["samples"]
     return VerifyReport(str(root), samples, 0, tuple(problems), layout.TOKEN_STORE_FORMAT)
 
 

@@ -5,7 +5,8 @@ manifest written last).
 The format: ``docs/token-store-format.md``. A shard's build directory holds its token and mask files (they
 become ``shards/<k>.tokens`` / ``.mask`` of the store), its part of the index (``lengths.u32``, ``ids.bin``
 / ``ids.i64``, ``skipped.bin`` / ``skipped.i64``, in the store's encodings with offsets from 0) and
-``record.json`` (counts, and the size and SHA-256 of the token and mask files, hashed while written).
+``blocks.u64`` (the block checksums of the token then the mask file, `formats.blocks`) and ``record.json``
+(counts, and the size and SHA-256 of the token and mask files, all hashed while written).
 Nothing here is random or dated: the same rows and tokenizer give the same bytes.
 """
 
@@ -21,34 +22,41 @@ from typing import Any
 import numpy as np
 
 from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.formats import blocks as _blocks
 from puzzletron.dataset.formats.manifest import MANIFEST, load_json
 from puzzletron.dataset.formats.token_store import _layout as layout
 
 __all__ = ["RECORD", "ShardWriter", "assemble_store", "read_shard_record"]
 
 RECORD = "record.json"  # a finished shard's record, in its build directory
-_PARTS = ("tokens", "mask", "lengths.u32", "ids.bin", "ids.i64", "skipped.bin", "skipped.i64")
+_PARTS = ("tokens", "mask", "blocks.u64", "lengths.u32", "ids.bin", "ids.i64", "skipped.bin", "skipped.i64")
 _CHUNK = 1 << 24
 
 
 class _HashingFile:
-    """A binary file written once, front to back, hashed (SHA-256) and counted as it is written."""
+    """A binary file written once, front to back, hashed (SHA-256 and block checksums) and counted as it is
+    written."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fh = open(path, "wb")  # noqa: SIM115 (closed by `close`)
         self._digest = hashlib.sha256()
+        self._blocks = _blocks.BlockHasher()
         self.bytes = 0
+        self.block_sums = np.zeros(0, np.uint64)
 
     def write(self, data: bytes | np.ndarray) -> None:
         view = memoryview(data).cast("B")
         self._fh.write(view)
         self._digest.update(view)
+        self._blocks.update(view)
         self.bytes += len(view)
 
     def close(self) -> dict[str, Any]:
-        """Close (the caller fsyncs the directory before renaming it); the file's ``{bytes, sha256}``."""
+        """Close (the caller fsyncs the directory before renaming it); the file's ``{bytes, sha256}``; its
+        block checksums are then `block_sums`."""
         self._fh.close()
+        self.block_sums = self._blocks.finish()
         return {"bytes": self.bytes, "sha256": self._digest.hexdigest()}
 
 
@@ -110,8 +118,10 @@ class ShardWriter:
         fsyncs the directory (`_atomic.fsync_tree`) before renaming it complete."""
         self._mask.write(np.packbits(self._carry, bitorder="little"))
         files = {"tokens": self._tokens.close(), "mask": self._mask.close()}
+        sums = np.concatenate([self._tokens.block_sums, self._mask.block_sums]).astype("<u8")
         lengths = np.concatenate([np.zeros(0, "<u4"), *self._lengths])
         for name, data in (
+            ("blocks.u64", sums.tobytes()),
             ("lengths.u32", lengths.tobytes()),
             *zip(("ids.bin", "ids.i64"), _encode(self._ids), strict=True),
             *zip(("skipped.bin", "skipped.i64"), _encode(self._skipped), strict=True),
@@ -142,12 +152,21 @@ def read_shard_record(directory: Path, rows: tuple[int, int]) -> dict[str, Any] 
         return None
     if not isinstance(record, dict) or record.get("rows") != list(rows):
         return None
-    sizes = record.get("files", {})
+    sizes = {name: (part or {}).get("bytes") for name, part in record.get("files", {}).items()}
+    if isinstance(sizes.get("tokens"), int) and isinstance(sizes.get("mask"), int):
+        sizes["blocks.u64"] = 8 * (_blocks.block_count(sizes["tokens"]) + _blocks.block_count(sizes["mask"]))
     for name in _PARTS:
         path = directory / name
-        if not path.is_file() or (name in sizes and path.stat().st_size != sizes[name].get("bytes")):
+        if not path.is_file() or (name in sizes and path.stat().st_size != sizes[name]):
             return None
     return record
+
+
+def _shard_sums(directory: Path, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The block checksums of a finished shard's token and mask files."""
+    sums = np.fromfile(directory / "blocks.u64", dtype="<u8")
+    split = _blocks.block_count(record["files"]["tokens"]["bytes"])
+    return sums[:split], sums[split:]
 
 
 def _link(source: Path, target: Path) -> None:
@@ -184,6 +203,7 @@ def assemble_store(
     for rel in (layout.OFFSETS, layout.IDS_OFFSETS, layout.SKIPPED_OFFSETS):
         out[rel].write(zero)
     files, shards = [], []
+    sums: dict[str, np.ndarray] = {}
     tokens, samples = 0, 0
     string_bases = {layout.IDS_OFFSETS: 0, layout.SKIPPED_OFFSETS: 0}
     for k, (directory, record) in enumerate(zip(shard_dirs, records, strict=True)):
@@ -200,9 +220,11 @@ def assemble_store(
             out[rel].write(string_bases[rel] + offsets[1:])
             string_bases[rel] += int(offsets[-1])
             _append_file(out[strings], directory / f"{name}.bin")
-        for part, rel in (("tokens", layout.tokens_name(k)), ("mask", layout.mask_name(k))):
+        parts = (("tokens", layout.tokens_name(k)), ("mask", layout.mask_name(k)))
+        for (part, rel), part_sums in zip(parts, _shard_sums(directory, record), strict=True):
             _link(directory / part, tmp / rel)
             files.append({"path": rel, **record["files"][part]})
+            sums[rel] = part_sums
         shard = {
             "rows": record["rows"],
             "samples": [samples, samples + record["samples"]],
@@ -210,11 +232,18 @@ def assemble_store(
         }
         shards.append(shard)
         samples, tokens = shard["samples"][1], shard["tokens"][1]
-    files += [{"path": rel, **writer.close()} for rel, writer in out.items()]
+    for rel, writer in out.items():
+        files.append({"path": rel, **writer.close()})
+        sums[rel] = writer.block_sums
+    blocks = _HashingFile(tmp / layout.BLOCKS)
+    for rel in sorted(sums):  # the manifest's files order, the checksum file itself left out
+        blocks.write(np.asarray(sums[rel], dtype="<u8"))
+    files.append({"path": layout.BLOCKS, **blocks.close()})
     manifest = {
         **fields,
         "format": layout.TOKEN_STORE_FORMAT,
         "version": layout.TOKEN_STORE_VERSION,
+        "block_checksums": {"algorithm": _blocks.ALGORITHM, "block_size": _blocks.BLOCK_SIZE},
         "counts": {
             "rows": sum(r["rows"][1] - r["rows"][0] for r in records),
             "samples": samples,
