@@ -96,12 +96,14 @@ def _reasons(manifest: dict) -> dict:
     return {r["row_id"]: r["reason"] for r in manifest["diagnostics"]["rejected_rows"]}
 
 
-def _nothing_outside(hostile: HostileHub, opened: list[tuple[str, bool]], output: Path) -> None:
+def _nothing_outside(
+    hostile: HostileHub, opened: list[tuple[str, bool]], output: Path, *, also: tuple[str, ...] = ()
+) -> None:
     """Nothing under the bait folder was opened, and nothing was written outside the output's folder and
-    the Hub cache."""
+    the Hub cache (and `also`)."""
     assert not [p for p, _ in opened if p.startswith(str(hostile.bait))], opened
     assert sorted(p.name for p in hostile.bait.iterdir()) == ["leak.png", "notes.txt"]
-    allowed = (str(output.parent), os.path.abspath(os.environ["HF_HOME"]))
+    allowed = (str(output.parent), os.path.abspath(os.environ["HF_HOME"]), *also)
     assert not [p for p, writing in opened if writing and not p.startswith(allowed)], opened
 
 
@@ -112,6 +114,11 @@ def test_nemotron_rows_naming_local_files_are_rejected_with_one_reason_and_nothi
     hostile: HostileHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(hostile.bait)  # the relative reference "leak.png" would resolve to the bait here
+    tools = tmp_path / "bin"  # a Ghostscript that leaves a mark: Pillow runs `gs` to load EPS bytes
+    tools.mkdir()
+    (tools / "gs").write_text(f"#!/bin/sh\ntouch {tmp_path / 'gs-ran'}\nexit 1\n")
+    (tools / "gs").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
     spec = VlmAcquisitionSpec(
         output_dir=tmp_path / "vlm",
         subsets=("leaky", "leaky_external", "plain"),
@@ -131,11 +138,13 @@ def test_nemotron_rows_naming_local_files_are_rejected_with_one_reason_and_nothi
             HUB_REFERENCE_REASON
         ), (row_id, reasons[row_id])
     assert "1000 frames of 8000x8000" in reasons["apng-bomb"]
+    assert "not an image in a decoded format (PNG, JPEG" in reasons["eps-postscript"]
+    assert "b'%!PS-Ado'" in reasons["eps-postscript"] and not (tmp_path / "gs-ran").exists()
     assert "field 'messages'" in reasons["messages-a-number"]
     by_reason = {reason: row_id for row_id, reason in reasons.items()}
     assert any("is not valid UTF-8" in r for r in by_reason), reasons  # that line alone, named by offset
     assert sum("nests JSON more than 64 levels" in r for r in by_reason) == 2, reasons
-    _nothing_outside(hostile, opened, tmp_path / "vlm")
+    _nothing_outside(hostile, opened, tmp_path / "vlm", also=(str(tools),))
     bait = hashlib.sha256((hostile.bait / BAIT_IMAGE).read_bytes()).hexdigest()
     assert bait not in {image["sha256"] for image in manifest["images"]}
     assert verify_subset(tmp_path / "vlm").ok
