@@ -56,10 +56,11 @@ def _tokenize(args: argparse.Namespace) -> int:
     from puzzletron.dataset.config import TokenizeOptions
     from puzzletron.dataset.formats import MANIFEST
     from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT
+    from puzzletron.dataset.storage.atomic import publications
     from puzzletron.dataset.tokenize import build_token_store
 
     output = Path(args.output)
-    existed = (output / MANIFEST).is_file()
+    published = publications(output)  # "done" only when this run publishes the store (not a waiter)
     bar = _Bar() if not args.quiet and sys.stderr.isatty() else None
     options = TokenizeOptions(messages_field=args.messages_field, id_field=args.id_field or None)
     if args.rows_per_shard is not None:
@@ -78,7 +79,7 @@ def _tokenize(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     line = {
-        "status": "reused" if existed else "done",
+        "status": "done" if publications(output) > published else "reused",
         "format": TOKEN_STORE_FORMAT,
         "output": str(output),
         "manifest": str(output / MANIFEST),

@@ -14,10 +14,16 @@ swept by the next holder of the lock. Because a transaction directory is only ev
 of the destination lock, every transaction directory found while holding that lock is stale: this avoids
 trusting pids, which the kernel reuses.
 
-Names: the lock is ``.<name>.lock`` and a transaction ``.<name>.txn-<pid>-<16 hex>`` beside the destination;
-a name too long to take those suffixes within `NAME_MAX` bytes (about 222 bytes and more) uses
+Names: the lock is ``.<name>.lock`` and a transaction ``.<name>.txn-<pid>-<16 hex>`` beside the destination
+(a writer's other work directories likewise: `sibling_prefix`, e.g. a token store's ``.<name>.build-<16
+hex>``); a name too long to take those suffixes within `NAME_MAX` bytes (about 222 bytes and more) uses
 ``pz-<32 hex of its SHA-256>`` in their place, so every destination name a file system accepts can be
 written. A longer name is a `ConfigError` (`check_destination`), raised before anything is created.
+
+Forked children never hold a lock: a lock is an ``flock`` on an open file description, which a fork shares
+with the child, so a worker that outlived its parent (killed by ``kill`` or the OOM killer) would keep the
+destination locked and every rerun would wait forever. Every process fork closes, in the child, the lock
+descriptors this process holds (`os.register_at_fork`).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ __all__ = [
     "fsync_tree",
     "locked",
     "publications",
+    "sibling_prefix",
     "staging_dir",
     "sweep_stale",
     "tidy",
@@ -59,6 +66,19 @@ _PUBLISHED: dict[str, int] = {}  # how often this process published each destina
 # Destinations locked by this process -> the thread holding it; lets `staging_dir` check the protocol.
 _HELD: dict[str, int] = {}
 _HELD_GUARD = threading.Lock()
+_LOCK_FDS: dict[str, int] = {}  # destination -> the descriptor of its held lock (closed in forked children)
+
+
+def _forget_locks_in_child() -> None:
+    """In a forked child: close the inherited lock descriptors (the parent alone holds its locks)."""
+    for fd in _LOCK_FDS.values():
+        with suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 def fsync_path(path: Path, *, directory: bool) -> None:
@@ -113,9 +133,18 @@ def _stem(destination: Path) -> str:
     return f"pz-{hashlib.sha256(raw).hexdigest()[:32]}"
 
 
+def sibling_prefix(destination: Path, kind: str) -> str:
+    """The name prefix of a writer's `kind` work directories of `destination` in its parent
+    (``.<name>.<kind>-``; the name is a digest when too long, see the module docstring). `kind` must be at
+    most 5 bytes; a suffix of up to 25 more bytes then fits `NAME_MAX`."""
+    if len(kind.encode()) > 5:
+        raise ValueError(f"sibling kind {kind!r} is longer than 5 bytes")
+    return f".{_stem(destination)}.{kind}-"
+
+
 def txn_prefix(destination: Path) -> str:
     """The name prefix of transaction directories of `destination` (they live in its parent)."""
-    return f".{_stem(destination)}.txn-"
+    return sibling_prefix(destination, "txn")
 
 
 def _lock_path(destination: Path) -> Path:
@@ -232,12 +261,14 @@ def locked(destination: Path) -> Iterator[None]:
     key = _key(destination)
     with _HELD_GUARD:
         _HELD[key] = threading.get_ident()
+        _LOCK_FDS[key] = fd
     try:
         sweep_stale(destination)
         yield
     finally:
         with _HELD_GUARD:
             _HELD.pop(key, None)
+            _LOCK_FDS.pop(key, None)
         with suppress(FileNotFoundError):
             os.unlink(lock_path)
         if not os.path.lexists(destination):

@@ -1,9 +1,19 @@
-"""Run tasks in worker processes, results in task order (tokenising row ranges, building store shards)."""
+"""Run tasks in worker processes, results in task order (tokenising row ranges, building store shards).
+
+Workers die with their parent: on Linux each asks the kernel for SIGKILL when the process that started it
+exits (``PR_SET_PDEATHSIG``), and one whose parent is already gone exits at once; so a parent killed by
+``kill`` or the OOM killer leaves no worker behind. Workers never hold the parent's destination locks
+(`puzzletron.dataset.storage.atomic` closes them in every forked child).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -29,7 +39,20 @@ def _serial_tokenizers() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
-def _pool_init(fn: Callable[[Any, Any], Any], context: Any) -> None:
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask for SIGKILL when the parent exits (Linux); exit now if it is gone already."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # no prctl in this libc: the check below runs
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request was in place
+        os._exit(1)
+
+
+def _pool_init(fn: Callable[[Any, Any], Any], context: Any, parent: int) -> None:
+    _die_with_parent(parent)
     _WORKER["fn"], _WORKER["context"] = fn, context
 
 
@@ -51,7 +74,10 @@ def map_tasks(
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with _serial_tokenizers():
         pool = ProcessPoolExecutor(
-            min(num_proc, len(tasks)), mp_context=ctx, initializer=_pool_init, initargs=(fn, context)
+            min(num_proc, len(tasks)),
+            mp_context=ctx,
+            initializer=_pool_init,
+            initargs=(fn, context, os.getpid()),
         )
         try:
             yield from pool.map(_pool_call, tasks)

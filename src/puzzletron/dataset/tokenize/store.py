@@ -31,6 +31,7 @@ times).
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable, Sequence
@@ -60,7 +61,7 @@ from puzzletron.dataset.formats.token_store import (
     read_shard_record,
     token_dtype,
 )
-from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked, staging_dir
+from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked, sibling_prefix, staging_dir
 from puzzletron.dataset.tokenize._workers import map_tasks
 from puzzletron.dataset.tokenize.conversations import load_tokenizer, pad_token_id, select_rows, tokenize_rows
 from puzzletron.dataset.tokenize.identity import identity_differences, identity_sha256, store_identity
@@ -83,7 +84,8 @@ class _Build:
 
     @property
     def build_dir(self) -> Path:
-        return self.dest.parent / f".{self.dest.name}.build-{self.digest[:16]}"
+        """``<parent>/.<name>.build-<16 hex of the identity>`` (the name a digest when too long)."""
+        return self.dest.parent / f"{sibling_prefix(self.dest, 'build')}{self.digest[:16]}"
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,19 @@ def _build_shards(
 
 
 def _build_dirs(dest: Path) -> list[Path]:
-    return sorted(dest.parent.glob(f".{dest.name}.build-*")) if dest.parent.is_dir() else []
+    """The build directories of `dest`: exactly ``.<name>.build-<16 hex>`` (a sibling output called
+    ``<name>.build-x`` has its own ``.<name>.build-x.build-<hash>``, which is not one of them)."""
+    if not dest.parent.is_dir():
+        return []
+    pattern = re.compile(re.escape(sibling_prefix(dest, "build")) + r"[0-9a-f]{16}")
+    return sorted(p for p in dest.parent.iterdir() if pattern.fullmatch(p.name))
+
+
+def _drop_if_empty(build: _Build) -> None:
+    """Remove the build directory when it holds no finished shard (a failed run leaves no empty debris);
+    finished shards are kept for the rerun."""
+    if build.build_dir.is_dir() and not any(build.build_dir.glob("shard-*")):
+        shutil.rmtree(build.build_dir, ignore_errors=True)
 
 
 def _sweep(dest: Path, *, keep: Path | None = None) -> None:
@@ -244,9 +258,13 @@ def _build_here(build: _Build, num_proc: int, progress: Any) -> None:
         if _reusable(build):
             _sweep(build.dest)  # a run killed after publishing left its build directory
             return
-        facts = _prepare(build)
-        _build_shards(build, facts, range(_shards(build, facts)), num_proc=num_proc, progress=progress)
-        _publish(build, facts)
+        try:
+            facts = _prepare(build)
+            _build_shards(build, facts, range(_shards(build, facts)), num_proc=num_proc, progress=progress)
+            _publish(build, facts)
+        except BaseException:
+            _drop_if_empty(build)
+            raise
 
 
 def _build_with_ranks(dist: Any, build: _Build, num_proc: int, progress: Any) -> None:
@@ -268,6 +286,7 @@ def _build_with_ranks(dist: Any, build: _Build, num_proc: int, progress: Any) ->
                     facts = _prepare(build)
             except Exception as exc:
                 own = exc
+                _drop_if_empty(build)
         facts, failed = broadcast(dist, (facts, describe(own)))
         raise_first([failed], own, "preparing the token store", error=SnapshotError)
         if facts is not None:
