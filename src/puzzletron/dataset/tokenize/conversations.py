@@ -39,6 +39,8 @@ __all__ = [
     "TokenizedRows",
     "TokenizedText",
     "assistant_token_mask",
+    "chat_tokenizer",
+    "check_columns",
     "load_tokenizer",
     "pad_token_id",
     "select_rows",
@@ -91,15 +93,45 @@ class TokenizedRows:
 
 
 def load_tokenizer(tokenizer: str | Path | Any) -> Any:
-    """A `transformers` tokenizer from a local path (cached per process), or the tokenizer given."""
+    """A `transformers` tokenizer from a local path (cached per process), or the tokenizer given; a
+    directory it cannot be loaded from (a corrupt ``tokenizer.json``, ...) is a `ConfigError` naming it."""
     if not isinstance(tokenizer, str | Path):
         return tokenizer
     key = str(Path(tokenizer).resolve())
     if key not in _TOKENIZERS:
         from transformers import AutoTokenizer
 
-        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(key)
+        try:
+            _TOKENIZERS[key] = AutoTokenizer.from_pretrained(key)
+        except Exception as exc:  # tokenizers' parse errors, OSError, ValueError ...: one line naming it
+            reason = (str(exc).splitlines() or [""])[0][:200]
+            raise ConfigError(
+                f"tokenizer {key} cannot be loaded ({type(exc).__name__}: {reason}); is it a complete, "
+                "undamaged tokenizer directory?"
+            ) from exc
     return _TOKENIZERS[key]
+
+
+def chat_tokenizer(tokenizer: str | Path | Any) -> Any:
+    """`load_tokenizer`, and a `ConfigError` naming it when it has no chat template (tokenisation renders
+    every conversation with it)."""
+    tok = load_tokenizer(tokenizer)
+    if not getattr(tok, "chat_template", None):
+        name = tokenizer if isinstance(tokenizer, str | Path) else type(tok).__name__
+        raise ConfigError(
+            f"tokenizer {name} has no chat template (no chat_template.jinja, no chat_template in "
+            "tokenizer_config.json); give a tokenizer with one"
+        )
+    return tok
+
+
+def check_columns(rows: Any, options: TokenizeOptions) -> None:
+    """A `ConfigError` naming ``options.messages_field`` when the rows have no such column."""
+    if options.messages_field not in rows.column_names:
+        raise ConfigError(
+            f"the rows have no column {options.messages_field!r} (messages_field, --messages-field); their "
+            f"columns: {rows.column_names}"
+        )
 
 
 def pad_token_id(tokenizer: Any) -> int:
@@ -131,16 +163,34 @@ def tokenize_rows(
     rows and tokens is in memory at a time.
     """
     batch_size = require_positive(batch_size, "batch_size", error=ConfigError)
-    tok = load_tokenizer(tokenizer)
+    tok = chat_tokenizer(tokenizer)
+    check_columns(rows, options)
     messages, id_field = options.messages_field, options.id_field
     with_ids = id_field is not None and id_field in rows.column_names
     view = rows.with_format(None).select_columns([messages, id_field] if with_ids else [messages])
     for a in range(start, stop, batch_size):
         b = min(a + batch_size, stop)
-        batch = view[a:b]
+        batch = _read_rows(view, a, b)
         ids, mask, offsets = tokenize_batch(batch[messages], tok, first_row=a)
         names = [str(x) for x in batch[id_field]] if with_ids else [str(i) for i in range(a, b)]
         yield TokenizedRows(a, ids, mask, offsets, tuple(names))
+
+
+def _read_rows(view: Any, a: int, b: int) -> dict[str, list]:
+    """Rows ``[a, b)`` as Python values; a row whose text is not UTF-8 (a hand-made or old snapshot) is a
+    `ConversationError` naming it, not a `UnicodeDecodeError` from deep inside Arrow."""
+    try:
+        return view[a:b]
+    except UnicodeDecodeError:
+        for row in range(a, b):
+            try:
+                view[row]
+            except UnicodeDecodeError as exc:
+                raise ConversationError(
+                    f"row {row}: its text is not valid UTF-8 (byte {exc.start}: {exc.reason}); rematerialise "
+                    "the snapshot (materialisation rejects such rows)"
+                ) from None
+        raise
 
 
 def _as_dataset(rows: Any, messages_field: str) -> Any:
@@ -178,7 +228,7 @@ def tokenize_conversations(
     """
     batch_size = require_positive(batch_size, "batch_size", error=ConfigError)
     rows = _as_dataset(rows, options.messages_field)
-    tok = load_tokenizer(tokenizer)
+    tok = chat_tokenizer(tokenizer)
     pad = pad_token_id(tok)
     if len(rows) == 0:
         empty = np.zeros(0, dtype=np.int64)

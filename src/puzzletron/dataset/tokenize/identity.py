@@ -27,6 +27,7 @@ from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.manifest import canonical_sha256, sha256_file
 from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT, TextSplit
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
+from puzzletron.dataset.tokenize._chat_template import PINNED_DATE, uses_clock
 
 __all__ = [
     "identity_differences",
@@ -37,10 +38,11 @@ __all__ = [
     "tokenizer_identity",
 ]
 
-# The files `AutoTokenizer.from_pretrained` reads from a directory (a model's weights and config are not).
+# The files `AutoTokenizer.from_pretrained` reads from a directory, ``config.json`` included (its model type
+# can choose the tokenizer class); a model's weights are not.
 _TOKENIZER_FILE = re.compile(
     r"tokenizer.*|special_tokens_map\.json|added_tokens\.json|chat_template.*|vocab.*|merges.*"
-    r"|.*\.model|.*\.tiktoken|spiece.*|additional_chat_templates/.*"
+    r"|.*\.model|.*\.tiktoken|spiece.*|additional_chat_templates/.*|config\.json"
 )
 
 
@@ -90,20 +92,28 @@ def _object_sha256(tokenizer: Any) -> str:
 
 def tokenizer_identity(tokenizer: str | Path | Any) -> dict[str, Any]:
     """The tokenizer part of an identity: ``{"files": {name: sha256}}`` of a tokenizer directory's files
-    (tokenizer JSON, config, special tokens, chat templates, vocabularies), or ``{"object_sha256": ...}``
-    of a tokenizer object."""
+    (tokenizer JSON, configs, special tokens, chat templates, vocabularies), or ``{"object_sha256": ...}``
+    of a tokenizer object; with ``"pinned_date"`` when its chat template calls ``strftime_now`` (rendered
+    with that date, `_chat_template.PINNED_DATE`)."""
     if not isinstance(tokenizer, str | Path):
-        return {"class": type(tokenizer).__name__, "object_sha256": _object_sha256(tokenizer)}
+        out = {"class": type(tokenizer).__name__, "object_sha256": _object_sha256(tokenizer)}
+        if uses_clock(getattr(tokenizer, "chat_template", None)):
+            out["pinned_date"] = PINNED_DATE.isoformat()
+        return out
     root = Path(tokenizer)
     if not root.is_dir():
         raise ConfigError(f"tokenizer {root} is not a directory (give a local tokenizer directory)")
-    files = {
-        p.relative_to(root).as_posix(): sha256_file(p)
+    paths = [
+        p
         for p in sorted(root.rglob("*"))
         if p.is_file() and _TOKENIZER_FILE.fullmatch(p.relative_to(root).as_posix())
-    }
-    if not files:
+    ]
+    files = {p.relative_to(root).as_posix(): sha256_file(p) for p in paths}
+    if not files or set(files) == {"config.json"}:
         raise ConfigError(f"tokenizer directory {root} holds no tokenizer files (tokenizer.json, ...)")
+    templates = (p for p in paths if p.name.startswith(("chat_template", "tokenizer_config")))
+    if any(b"strftime_now" in p.read_bytes() for p in templates):
+        return {"files": files, "pinned_date": PINNED_DATE.isoformat()}
     return {"files": files}
 
 

@@ -63,7 +63,13 @@ from puzzletron.dataset.formats.token_store import (
 )
 from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked, sibling_prefix, staging_dir
 from puzzletron.dataset.tokenize._workers import map_tasks
-from puzzletron.dataset.tokenize.conversations import load_tokenizer, pad_token_id, select_rows, tokenize_rows
+from puzzletron.dataset.tokenize.conversations import (
+    chat_tokenizer,
+    check_columns,
+    pad_token_id,
+    select_rows,
+    tokenize_rows,
+)
 from puzzletron.dataset.tokenize.identity import identity_differences, identity_sha256, store_identity
 
 __all__ = ["build_token_store"]
@@ -217,11 +223,13 @@ def _reusable(build: _Build) -> bool:
 def _prepare(build: _Build) -> _Facts:
     """Under the lock: the split's bytes checked against the manifest its identity comes from, the build
     directory (created, swept) and the facts every rank builds with."""
+    tok = chat_tokenizer(build.tokenizer)  # a usage error is said before anything is created
+    rows = build.split.load()
+    check_columns(rows, build.options)
     build.split.check_bytes()
     _sweep(build.dest, keep=build.build_dir)
     build.build_dir.mkdir(exist_ok=True)
-    tok = load_tokenizer(build.tokenizer)
-    return _Facts(rows=len(build.split.load()), vocab_size=len(tok), pad_token_id=pad_token_id(tok))
+    return _Facts(rows=len(rows), vocab_size=len(tok), pad_token_id=pad_token_id(tok))
 
 
 def _publish(build: _Build, facts: _Facts) -> None:
