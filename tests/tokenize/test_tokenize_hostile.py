@@ -8,13 +8,22 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
 from puzzletron.cli import main
+from puzzletron.dataset.config import TokenizeOptions
+from puzzletron.dataset.errors import ConversationError
 from puzzletron.dataset.formats.text_snapshot import load_text_split, open_split
-from puzzletron.dataset.tokenize import _chat_template, store_identity, tokenize_conversations
+from puzzletron.dataset.tokenize import (
+    _chat_template,
+    conversations,
+    store_identity,
+    tokenize_conversations,
+    tokenize_rows,
+)
 from puzzletron.fixtures.hostile_tokenizers import HOSTILE_ROW, hostile_split, hostile_tokenizer
 
 
@@ -82,6 +91,10 @@ def test_a_messages_field_typo_is_a_usage_error_naming_the_columns(
         ("content-int", "messages[0].content is a int (0); expected a string"),
         ("content-bool", "messages[0].content is a bool (False); expected a string"),
         ("not-utf8", "its text is not valid UTF-8"),
+        (
+            "huge-reply",
+            "turn 1 has 2097153 bytes of text; the bound is 2097152 (TokenizeOptions.max_turn_bytes)",
+        ),
     ],
 )
 def test_a_hostile_row_is_one_line_naming_it(
@@ -121,3 +134,21 @@ def test_config_json_is_part_of_the_tokenizer_identity(
         "config.json" in with_config
         and with_config != store_identity(split, tokenizer=tokenizer_dir)["tokenizer"]["files"]
     )
+
+
+def test_a_batch_holds_at_most_max_batch_bytes_of_text(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(conversations, "MAX_BATCH_BYTES", 25_000)
+    rows = [
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "w " * 5_000}]}
+        for _ in range(7)
+    ]  # 10 kB of text a row: 2 rows a batch, whatever batch_size says
+    dataset = datasets.Dataset.from_list(rows)
+    parts = list(tokenize_rows(dataset, 0, 7, tokenizer=tokenizer_dir, batch_size=1024))
+    assert [p.start for p in parts] == [0, 2, 4, 6]
+    whole = tokenize_conversations(dataset, tokenizer=tokenizer_dir, batch_size=1024)
+    assert np.array_equal(np.concatenate([p.input_ids for p in parts]), whole.samples.input_ids)
+    strict = TokenizeOptions(max_row_bytes=9_000, max_turn_bytes=9_000)
+    with pytest.raises(ConversationError, match=r"^row 0: turn 1 has 10000 bytes of text; the bound is 9000"):
+        list(tokenize_rows(dataset, 0, 7, tokenizer=tokenizer_dir, options=strict))
