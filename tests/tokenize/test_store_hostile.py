@@ -132,3 +132,31 @@ def test_two_concurrent_tokenize_runs_on_one_output_say_done_once(
     outputs = [run.communicate(timeout=240) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     assert sorted(json.loads(out)["status"] for out, _ in outputs) == ["done", "reused"]
+
+
+def test_a_full_disk_names_the_file_or_output_it_could_not_write(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip("no mount namespace can be made here (unshare -rm)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    argv = _tokenize_argv(snapshot, tokenizer_dir, disk / "store", "--rows-per-shard", "64")
+    done = subprocess.run(
+        [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            'mount -t tmpfs -o size=48k tmpfs "$1" && shift && exec "$@"',
+            "sh",
+            str(disk),
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "No space left on device" in last and str(disk) in last and "Traceback" not in done.stderr, last

@@ -18,6 +18,7 @@ from puzzletron.dataset.storage.atomic import (
     staging_dir,
     sweep_stale,
     tidy,
+    with_path,
 )
 from puzzletron.dataset.storage.local import FileIdentity, LocalFiles, pread_into
 from puzzletron.dataset.storage.sources import ByteSource, open_source
@@ -37,4 +38,5 @@ __all__ = [
     "staging_dir",
     "sweep_stale",
     "tidy",
+    "with_path",
 ]

@@ -55,6 +55,7 @@ __all__ = [
     "sweep_stale",
     "tidy",
     "txn_prefix",
+    "with_path",
 ]
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,14 @@ def _forget_locks_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_locks_in_child)
+
+
+def with_path(exc: OSError, path: Path) -> OSError:
+    """`exc` naming `path` when it names no file (a full disk says ``No space left on device`` on a write,
+    without saying where): the same error type and errno, so callers still tell ENOSPC from EROFS."""
+    if exc.filename is not None:
+        return exc
+    return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def fsync_path(path: Path, *, directory: bool) -> None:
@@ -328,6 +337,9 @@ def staging_dir(destination: Path) -> Iterator[Path]:
         os.rename(tmp, destination)
         _PUBLISHED[_key(destination)] = _PUBLISHED.get(_key(destination), 0) + 1
         fsync_path(destination.parent, directory=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise with_path(exc, destination) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -25,6 +25,7 @@ from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
 from puzzletron.dataset.formats.manifest import MANIFEST, load_json
 from puzzletron.dataset.formats.token_store import _layout as layout
+from puzzletron.dataset.storage.atomic import with_path
 
 __all__ = ["RECORD", "ShardWriter", "assemble_store", "read_shard_record"]
 
@@ -47,7 +48,10 @@ class _HashingFile:
 
     def write(self, data: bytes | np.ndarray) -> None:
         view = memoryview(data).cast("B")
-        self._fh.write(view)
+        try:
+            self._fh.write(view)
+        except OSError as exc:  # a full disk: say which file
+            raise with_path(exc, self.path) from exc
         self._digest.update(view)
         self._blocks.update(view)
         self.bytes += len(view)
@@ -55,7 +59,10 @@ class _HashingFile:
     def close(self) -> dict[str, Any]:
         """Close (the caller fsyncs the directory before renaming it); the file's ``{bytes, sha256}``; its
         block checksums are then `block_sums`."""
-        self._fh.close()
+        try:
+            self._fh.close()
+        except OSError as exc:
+            raise with_path(exc, self.path) from exc
         self.block_sums = self._blocks.finish()
         return {"bytes": self.bytes, "sha256": self._digest.hexdigest()}
 
