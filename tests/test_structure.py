@@ -6,7 +6,10 @@ statement counts, also those under ``if TYPE_CHECKING:`` and inside functions)."
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -246,3 +249,17 @@ def test_the_private_import_check_finds_a_planted_one() -> None:
 def test_the_top_level_of_the_dataset_package_is_small() -> None:
     top = sorted(p.name for p in (SRC / "puzzletron" / "dataset").glob("*.py"))
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def test_importing_every_module_prints_nothing() -> None:
+    """A fresh interpreter imports every module of the distribution (the CLI, the clients, the HF Trainer
+    subclass) and writes nothing to stdout or stderr: no warning of a dependency's import (torchao's CUDA
+    kernels, torch's pytree registrations) reaches the user of this library."""
+    names = sorted(n for n in MODULES if not n.endswith("__main__"))
+    code = "import importlib\nfor name in " + repr(names) + ":\n    importlib.import_module(name)\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (done.stdout, done.stderr) == ("", "")

@@ -39,10 +39,14 @@ def test_materialize_puzzle_kd_done_then_reused_then_mismatch(
     assert main(argv) == 0
     line = _json_line(capsys)
     assert line == {
+        "command": "materialize puzzle-kd",
         "status": "done",
         "adapter": "puzzle_kd_v2",
-        "output": str(out),
+        "path": str(out),
+        "format": "puzzletron-text-snapshot",
         "manifest": str(out / "manifest.json"),
+        "row_count": 35,
+        "bytes_on_disk": sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
     }
     assert json.loads(Path(line["manifest"]).read_text())["splits"] == {"train": 30, "validation": 5}
     assert main(argv) == 0
@@ -76,6 +80,20 @@ def test_materialize_intersyn_with_pinned_fixture_revisions(
     assert main(argv) == 0
     manifest = json.loads(Path(_json_line(capsys)["manifest"]).read_text())
     assert manifest["sample_count"] == 4
+
+
+def test_an_unknown_subset_names_the_known_ones_and_a_shortfall_names_the_flag(
+    hub_endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["materialize", "nemotron-vlm", "--output", str(tmp_path / "x"), "--quiet"]
+    assert main([*argv, "--num-samples", "4", "--subset-rows", "nosuch=2", "--subset-rows", "wiki_en=1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown subset(s) ['nosuch']" in err
+    assert err.rstrip().endswith("known: chartqa_cot, plotqa_cot, sparsetables, wiki_en")
+    assert main([*argv, "--num-samples", "500"]) == 1  # the fixture holds fewer usable rows
+    err = capsys.readouterr().err
+    assert "raise --max-shards-per-subset," in err and "max_shards_per_subset" not in err
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize(
@@ -114,13 +132,19 @@ def test_hub_fixtures_then_serve_in_a_subprocess(tmp_path: Path, capsys: pytest.
     assert main(["hub", "fixtures", str(tmp_path / "hub")]) == 1  # already there
     capsys.readouterr()
     process = subprocess.Popen(
-        [sys.executable, "-m", "puzzletron.cli", "hub", "serve", str(tmp_path / "hub")],
+        [sys.executable, "-m", "puzzletron.cli", "hub", "serve", str(tmp_path / "hub"), "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        endpoint = process.stdout.readline().strip()  # type: ignore[union-attr]
+        line = json.loads(process.stdout.readline())  # type: ignore[union-attr]
+        endpoint = line["endpoint"]
+        assert (line["command"], line["status"], line["path"]) == (
+            "hub serve",
+            "serving",
+            str(tmp_path / "hub"),
+        )
         assert endpoint.startswith("http://127.0.0.1:")
         with urllib.request.urlopen(f"{endpoint}/api/datasets/{PUZZLE_KD}/revision/main", timeout=10) as r:
             assert json.load(r)["sha"] == shas[PUZZLE_KD]

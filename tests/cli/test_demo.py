@@ -55,8 +55,8 @@ def test_demo_runs_every_stage_and_reports(demo):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     stages = re.findall(STAGE_LINE, out, flags=re.M)
-    assert len(stages) == 8 and all(status == "ok" for status, _, _ in stages), stages
-    assert [int(n) for _, n, _ in stages] == list(range(1, 9))
+    assert len(stages) == 9 and all(status == "ok" for status, _, _ in stages), stages
+    assert [int(n) for _, n, _ in stages] == list(range(1, 10))
     assert "skip" not in out.lower().replace("skipped", "")  # every stage's code exists: none is skipped
     # The report: rows vs the bound, efficiency, tokens, what was dropped, fingerprints, total time.
     packing = re.search(
@@ -78,6 +78,30 @@ def test_demo_runs_every_stage_and_reports(demo):
     assert (workdir / "snapshots" / "puzzle-kd" / "train").is_dir()
     assert not (workdir / "hub.partial").exists()
     assert json.loads((workdir / "hub" / "demo-hub.json").read_text()) == {"seed": 0}
+    # The README's try-it files load as what they stand for.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from puzzletron.fixtures.tokenizer import load_qwen2_5_vl_processor
+
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "tokenizer")
+    model = AutoModelForCausalLM.from_pretrained(workdir / "model")
+    assert model.config.vocab_size == len(tokenizer) and tokenizer.chat_template
+    assert AutoTokenizer.from_pretrained(workdir / "model").get_vocab() == tokenizer.get_vocab()
+    assert load_qwen2_5_vl_processor(workdir / "processor").tokenizer.get_vocab() == tokenizer.get_vocab()
+
+
+@pytest.mark.slow
+def test_demo_json_is_one_line_and_the_stages_go_to_stderr(demo, tmp_path):
+    text, _ = demo
+    result = _run(["demo", "--workdir", str(tmp_path), "--json"], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = result.stdout.splitlines()
+    facts = json.loads(line)
+    assert (facts["command"], facts["status"], facts["path"]) == ("demo", "ok", str(tmp_path))
+    assert [s["status"] for s in facts["stages"]] == ["ok"] * 9 and "[9] write the README" in result.stderr
+    assert facts["sample_count"] == 512 and facts["model"] == str(tmp_path / "model")
+    first = re.search(r"first batch per DP rank: ([0-9a-f]{12})  ([0-9a-f]{12})", text.stdout)
+    assert first and [f[:12] for f in facts["fingerprints"]] == [first[1], first[2]]  # the same run, seed 0
 
 
 @pytest.mark.slow
@@ -91,7 +115,7 @@ def test_demo_exits_non_zero_naming_the_failed_stage_and_stops(tmp_path):
     stages = re.findall(STAGE_LINE, result.stdout, flags=re.M)
     assert [(status, n) for status, n, _ in stages] == [("ok", "1"), ("ok", "2"), ("FAIL", "3")]
     assert "holds no complete Puzzle-KD snapshot" in result.stdout
-    assert "FAILED at stage [3], 5 stage(s) after it not run" in result.stdout
+    assert "FAILED at stage [3], 6 stage(s) after it not run" in result.stdout
 
 
 @pytest.mark.slow

@@ -123,3 +123,25 @@ def test_draw_packing_draws_a_plan_with_dropped_samples(tmp_path):
     out = tmp_path / "deep" / "plan.png"
     draw_packing(plan, lengths, out, title="tiny", max_rows=2)
     assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_token_store_needs_no_tokenizer_and_reports_the_same_plan(snapshot, tokenizer, tmp_path, capsys):
+    """A store holds the lengths: the plan of the snapshot it was built from, with no tokenising."""
+    from puzzletron.dataset.tokenize import build_token_store
+
+    store = build_token_store(snapshot, tokenizer=tokenizer, output=tmp_path / "store")
+    assert main(_args(snapshot, tokenizer, tmp_path / "a.png", "--pack-size", "1024")) == 0
+    from_snapshot = capsys.readouterr().out.splitlines()
+    args = ["pack-report", str(store), "--pack-size", "1024", "--out", str(tmp_path / "b.png")]
+    assert main(args) == 0
+    from_store = capsys.readouterr().out.splitlines()
+    assert from_store[0] == f"token store     {store}: {TRAIN_ROWS} rows"
+    keep = ("tokenised", "lengths", "pack_size", "rows", "efficiency", "dropped")
+    assert [line for line in from_store if line.startswith(keep)] == [
+        line for line in from_snapshot if line.startswith(keep)
+    ]
+    assert (tmp_path / "b.png").read_bytes()[:8] == PNG_MAGIC
+    assert main(["pack-report", str(snapshot), "--pack-size", "64", "--out", str(tmp_path / "c.png")]) == 2
+    assert capsys.readouterr().err == (
+        f"puzzletron-data pack-report: --tokenizer is required: {snapshot} is not a token store\n"
+    )

@@ -4,11 +4,13 @@ terminal, and `verify` / `inspect` of the store it wrote."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from _token_store_data import VALIDATION_ROWS
 from puzzletron.cli import main
 from puzzletron.dataset.formats.token_store import TokenStore
 
@@ -23,11 +25,18 @@ def test_tokenize_prints_one_json_line_then_reuses(snapshot, tokenizer_dir, tmp_
     assert main([*args, "--num-proc", "2"]) == 0
     captured = capsys.readouterr()
     line = json.loads(captured.out)
+    store = TokenStore(out)
     assert line == {
+        "command": "tokenize",
         "status": "done",
+        "path": str(out),
         "format": "puzzletron-token-store",
-        "output": str(out),
         "manifest": str(out / "manifest.json"),
+        "row_count": VALIDATION_ROWS,
+        "sample_count": len(store),
+        "token_count": store.num_tokens,
+        "bytes_on_disk": sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
+        "identity_sha256": store.manifest["identity_sha256"],
     }
     assert captured.err == ""  # no terminal: no progress bar
     assert TokenStore(out).manifest["counts"]["shards"] == 3
@@ -43,6 +52,8 @@ def test_tokenize_exit_codes(snapshot, tokenizer_dir, tmp_path, capsys) -> None:
     out = tmp_path / "store"
     assert main(_args(tmp_path / "missing", tokenizer_dir, out)) == 1
     assert "does not exist" in capsys.readouterr().err
+    assert main(_args(snapshot, tokenizer_dir, out, "--split", "test")) == 1
+    assert "has no split 'test' (splits: ['train', 'validation'])" in capsys.readouterr().err
     assert main(_args(snapshot, tmp_path / "no-tokenizer", out)) == 2  # ConfigError: usage
     assert "is not a directory" in capsys.readouterr().err
     assert main(_args(snapshot, tokenizer_dir, out, "--split", "validation")) == 0
@@ -66,3 +77,48 @@ def test_progress_goes_to_a_terminal_only(snapshot, tokenizer_dir, tmp_path, cap
         main([*_args(snapshot, tokenizer_dir, tmp_path / "quiet", "--split", "validation"), "--quiet"]) == 0
     )
     assert capsys.readouterr().err == ""
+
+
+def test_cache_dir_finds_the_store_an_output_put_there(snapshot, tokenizer_dir, tmp_path, capsys) -> None:
+    stores = tmp_path / "stores"
+    args = ["tokenize", str(snapshot), "--tokenizer", str(tokenizer_dir), "--split", "validation"]
+    assert main([*args, "--output", str(stores / "kd-validation")]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "done"
+    assert main([*args, "--cache-dir", str(stores)]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["path"]) == ("reused", str(stores / "kd-validation"))
+    assert sorted(p.name for p in stores.iterdir()) == ["kd-validation"]
+    with pytest.raises(SystemExit) as exc:  # exactly one of them
+        main([*args, "--cache-dir", str(stores), "--output", str(tmp_path / "x")])
+    assert exc.value.code == 2
+
+
+def test_a_token_store_given_as_the_snapshot_is_refused_saying_what_it_is(
+    snapshot, tokenizer_dir, tmp_path, capsys
+) -> None:
+    store = tmp_path / "store"
+    assert main(_args(snapshot, tokenizer_dir, store, "--split", "validation")) == 0
+    capsys.readouterr()
+    assert main(_args(store, tokenizer_dir, tmp_path / "again")) == 1
+    assert f"{store} is a token store already, not a text snapshot" in capsys.readouterr().err
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_torchrun_builds_one_store_cooperatively_with_the_bytes_of_one_process(
+    snapshot, tokenizer_dir, tmp_path
+) -> None:
+    alone = tmp_path / "alone"
+    assert main(_args(snapshot, tokenizer_dir, alone, "--rows-per-shard", "16")) == 0
+    together = tmp_path / "together"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cli = ["-m", "puzzletron.cli", *_args(snapshot, tokenizer_dir, together, "--rows-per-shard", "16")]
+    out = subprocess.run([*launcher, *cli], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = sorted((json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")), key=str)
+    assert sorted(line["rank"] for line in lines) == [0, 1]
+    assert {line["status"] for line in lines} == {"done"}
+    assert _tree(together) == _tree(alone)

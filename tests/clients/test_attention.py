@@ -467,13 +467,21 @@ def test_model_inputs_labels_give_one_loss_whether_hf_shifts_or_not() -> None:
         layout="packed_varlen",
     )
     inputs = model_inputs(batch, backend="sdpa")
-    assert set(inputs) == {"input_ids", "position_ids", "use_cache", "labels", "shift_labels"}
+    assert set(inputs) == {
+        "input_ids", "position_ids", "use_cache", "labels", "shift_labels", "num_items_in_batch"
+    }  # fmt: skip
     assert inputs["shift_labels"].tolist() == [[5, 6, -100, 7, 8, -100, -100, -100]]
     assert inputs["labels"].tolist() == [[-100, 5, 6, -100, 7, 8, -100, -100]]
+    assert inputs["num_items_in_batch"].item() == 4  # the supervised tokens
     logits = torch.randn(1, 8, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    honours = ForCausalLMLoss(logits, inputs["labels"], 16, shift_labels=inputs["shift_labels"])
-    shifts = ForCausalLMLoss(logits, inputs["labels"], 16)  # a loss that ignores shift_labels
-    want = torch.nn.functional.cross_entropy(logits[0].float(), inputs["shift_labels"][0])
+    items = inputs["num_items_in_batch"]
+    honours = ForCausalLMLoss(
+        logits, inputs["labels"], 16, shift_labels=inputs["shift_labels"], num_items_in_batch=items
+    )
+    shifts = ForCausalLMLoss(logits, inputs["labels"], 16, num_items_in_batch=items)  # ignores shift_labels
+    want = (
+        torch.nn.functional.cross_entropy(logits[0].float(), inputs["shift_labels"][0], reduction="sum") / 4
+    )
     assert honours.item() == shifts.item() == want.item()
     twice = ForCausalLMLoss(logits, inputs["shift_labels"], 16)  # the trap: shifted labels as `labels`
     assert abs(twice.item() - want.item()) > 1e-3

@@ -66,7 +66,14 @@ class Recorder:
 def _args(path: Path, **overrides: Any) -> TrainingArguments:
     """The Trainer's defaults but for the output folder, a short run, a learning rate that moves a tiny
     random model in three steps, and no logging integrations."""
-    options = {"max_steps": 3, "learning_rate": 3e-3, "report_to": "none", "disable_tqdm": True, **overrides}
+    options = {
+        "max_steps": 3,
+        "learning_rate": 3e-3,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "per_device_train_batch_size": 2,  # `_batches`' rows per step (checked by the Trainer)
+        **overrides,
+    }
     return TrainingArguments(output_dir=str(path), **options)
 
 
@@ -80,7 +87,10 @@ def test_default_trainer_trains_three_steps_with_the_per_document_loss(
     recorder = Recorder(model)
     held_out = _batches(source, seed=0, batch_size=16)  # one batch: every pack, then padding rows
     trainer = PuzzletronTrainer(
-        model=model, args=_args(tmp_path), train_batches=batches, eval_batches=held_out
+        model=model,
+        args=_args(tmp_path, per_device_eval_batch_size=16),
+        train_batches=batches,
+        eval_batches=held_out,
     )
     assert trainer.args.remove_unused_columns and trainer.args.label_names is None  # the defaults
     trainer.train()
@@ -156,3 +166,55 @@ def test_the_loader_hands_one_batch_per_step_and_follows_set_epoch(source: dict[
     assert first["attention_mask"].dtype == torch.float64 and first["use_cache"] is False
     with pytest.raises(ConfigError, match="one PuzzletronBatch per step"):
         BatchCollator()([batches.dataset[batches.sampler.key(0)]] * 2)
+
+
+def test_a_batch_size_that_disagrees_with_the_batches_is_refused(
+    source: dict[str, Any], tmp_path: Path
+) -> None:
+    """The Trainer's default per_device_train_batch_size is 8; these batches hold 2 rows a step."""
+    batches = _batches(source, seed=0)
+    with pytest.raises(ConfigError, match=r"per_device_train_batch_size=8 but the train batches hold 2 rows"):
+        PuzzletronTrainer(
+            model=tiny_qwen2("sdpa", 800),
+            args=_args(tmp_path, per_device_train_batch_size=8),
+            train_batches=batches,
+        )
+    with pytest.raises(ConfigError, match=r"per_device_eval_batch_size=8 but the eval batches hold 2 rows"):
+        PuzzletronTrainer(
+            model=tiny_qwen2("sdpa", 800), args=_args(tmp_path), train_batches=batches, eval_batches=batches
+        )
+
+
+def test_the_trainer_counts_the_rows_and_the_real_tokens_it_trains_on(
+    source: dict[str, Any], tmp_path: Path
+) -> None:
+    batches = _batches(source, seed=0)
+    steps = [batches.dataset[batches.sampler.key(step)] for step in range(3)]
+    trainer = PuzzletronTrainer(
+        model=tiny_qwen2("sdpa", 800).train(),
+        args=_args(tmp_path, include_num_input_tokens_seen="non_padding"),
+        train_batches=batches,
+    )
+    metrics = trainer.train().metrics
+    assert trainer.get_total_train_batch_size(trainer.args) == 2  # rows per step, as the batches hold
+    rows = metrics["train_samples_per_second"] * metrics["train_runtime"]
+    assert rows == pytest.approx(3 * 2, rel=1e-2)
+    assert trainer.state.num_input_tokens_seen == sum(int(b.hidden_mask.sum()) for b in steps)
+    assert trainer.state.num_input_tokens_seen < 3 * 2 * SPEC.sequence_length  # the padding is not counted
+
+
+def test_a_step_of_padding_rows_gives_zero_loss_and_leaves_the_weights_alone(
+    source: dict[str, Any], tmp_path: Path
+) -> None:
+    model = tiny_qwen2("sdpa", 800).train()
+    trainer = PuzzletronTrainer(model=model, args=_args(tmp_path), train_batches=_batches(source, seed=0))
+    real = _batches(source, seed=0).dataset[_batches(source, seed=0).sampler.key(0)]
+    padding = real.pad_batch_to_multiple(4).pp_microbatches(2)[1]  # the 2 rows pad_batch_to_multiple added
+    assert not bool(padding.hidden_mask.any())
+    samples, num_items = trainer.get_batch_samples(
+        iter([trainer.batch_collator(padding)]), 1, trainer.args.device
+    )
+    assert int(num_items) == 1  # at least 1: HF would divide the zero sum by 0
+    loss = trainer.training_step(model, samples[0], num_items)
+    assert loss.item() == 0.0
+    assert all(p.grad is None or not bool(p.grad.any()) for p in model.parameters())

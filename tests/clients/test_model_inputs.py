@@ -27,6 +27,7 @@ from nemo_automodel.components.datasets.vlm.collate_fns import neat_packed_vlm_c
 from nemo_automodel.components.datasets.vlm.datasets import PreTokenizedDatasetWrapper
 from nemo_automodel.components.datasets.vlm.neat_packing_vlm import neat_pack_dataset_vlm
 from PIL import Image
+from transformers.loss.loss_utils import ForCausalLMLoss
 
 from _tiny_models import (
     conversations,
@@ -46,7 +47,7 @@ from puzzletron.dataset import (
 from puzzletron.dataset.batch.cp import batch_cp_indices, inverse_cp_permutation
 from puzzletron.dataset.clients.attention import model_inputs
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
-from puzzletron.dataset.errors import BatchValidationError
+from puzzletron.dataset.errors import BatchValidationError, ConfigError
 from puzzletron.dataset.pipelines.text import build_batches
 from puzzletron.fixtures.tokenizer import (
     build_chat_tokenizer,
@@ -363,6 +364,7 @@ def test_model_inputs_does_not_leak_collator_metadata(vlm_batch: PuzzletronBatch
         "use_cache",
         "labels",
         "shift_labels",
+        "num_items_in_batch",
     }
     assert inputs["attention_mask"].dtype == torch.bool
 
@@ -416,3 +418,88 @@ def test_cp_ranks_of_a_packed_vlm_row_attend_within_their_share_after_embedding(
         gathered[:, idx] = out.logits.double()
     whole = _whole_context(row, [batch_cp_indices(row, cp_rank=r, cp_size=cp_size) for r in range(cp_size)])
     assert (gathered[0, whole] - full[0, whole]).abs().max().item() <= LOGIT_TOL
+
+
+# ---------------------------------------------------------------- padding rows, PP steps, the model's config
+
+
+def _loss_and_grads(
+    model: torch.nn.Module, inputs: dict[str, Any]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=False)
+    loss = model(**inputs).loss
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+def test_padding_rows_give_zero_loss_and_gradient_and_a_pp_step_equals_the_unpadded_batch(
+    text_batches: list[PuzzletronBatch],
+) -> None:
+    """The README's PP recipe: 4 rows padded to 6 for 3 microbatches, the last one all padding."""
+    model = tiny_qwen2("sdpa", vocab_size=800, seed=1).train()
+    batch = text_batches[0]
+    micros = batch.pad_batch_to_multiple(3).pp_microbatches(3)
+    assert [m.batch_size for m in micros] == [2, 2, 2] and not bool(micros[2].hidden_mask.any())
+    loss, grads = _loss_and_grads(model, model_inputs(micros[2], model=model))
+    assert loss.item() == 0.0  # HF's token mean over no token was 0/0 = NaN
+    assert all(not bool(g.any()) for g in grads)
+    # A step: each microbatch's summed loss over the whole batch's supervised tokens; they add up.
+    whole, whole_grads = _loss_and_grads(model, model_inputs(batch, model=model))
+    n = (batch.labels.masked_fill(~batch.ce_mask, -100) != -100).sum()
+    parts = [_loss_and_grads(model, model_inputs(m, model=model, num_items_in_batch=n)) for m in micros]
+    assert abs(sum(loss.item() for loss, _ in parts) - whole.item()) <= LOSS_TOL
+    for k, g in enumerate(whole_grads):
+        step = sum(grads[k] for _, grads in parts)
+        assert (step - g).abs().max().item() <= 1e-6 * max(g.abs().max().item(), 1.0)
+
+
+def test_given_the_model_its_backend_and_dtype_are_used_and_disagreements_refused(
+    qwen2: dict[str, torch.nn.Module], text_batches: list[PuzzletronBatch]
+) -> None:
+    eager = qwen2["eager"]
+    row = text_batches[0].pp_microbatches(4)[0]
+    indices = batch_cp_indices(row, cp_rank=0, cp_size=2)
+    local = row.cp_partition(indices, cp_rank=0, cp_size=2)  # needs an explicit mask
+    inputs = model_inputs(local, model=eager)
+    assert inputs["attention_mask"].dtype == torch.float64  # additive, in the model's dtype
+    with pytest.raises(ConfigError, match=r"backend='sdpa'.*run 'eager' attention"):
+        model_inputs(local, backend="sdpa", model=eager)  # a bool mask, added to eager's scores
+    with pytest.raises(ConfigError, match=r"dtype=torch.float32.*model is torch.float64"):
+        model_inputs(local, dtype=torch.float32, model=qwen2["sdpa"])
+    with pytest.raises(ConfigError, match="num_items_in_batch must be an int >= 1"):
+        model_inputs(local, model=eager, num_items_in_batch=0)
+    assert "attention_mask" not in model_inputs(
+        text_batches[0], model=qwen2["sdpa"]
+    )  # HF finds the documents
+
+
+def test_the_traps_the_readme_shows_are_real_and_model_inputs_avoids_them(
+    qwen2: dict[str, torch.nn.Module], text_batches: list[PuzzletronBatch]
+) -> None:
+    """README "Feeding a model" numbers (measured on this batch: 0.50, 0.50, 59.3 vs 0.0, 0.40, 0.39)."""
+    sdpa, eager = qwen2["sdpa"], qwen2["eager"]
+    batch, valid = text_batches[0], text_batches[0].hidden_mask
+    inputs = model_inputs(batch, model=sdpa)
+    with torch.no_grad():
+        right = sdpa(**inputs).logits
+        cached = sdpa(**batch.model_kwargs).logits  # use_cache at Qwen2's default: documents see each other
+        masked = sdpa(**{**inputs, "attention_mask": batch.hidden_mask}).logits  # a 2-D mask hides them
+    assert (cached - right)[valid].abs().max().item() > 0.1
+    assert (masked - right)[valid].abs().max().item() > 0.1
+    targets = inputs["shift_labels"]
+    oracle = torch.full((*targets.shape, 800), -30.0, dtype=torch.float64)
+    oracle.scatter_(2, targets.clamp_min(0)[..., None], 30.0)  # logits that predict every target
+    assert ForCausalLMLoss(oracle, inputs["labels"], 800, shift_labels=targets).item() == 0.0
+    assert ForCausalLMLoss(oracle, targets, 800).item() > 10  # batch.labels as HF labels: shifted twice
+    row = batch.pp_microbatches(4)[0]
+    local = row.cp_partition(batch_cp_indices(row, cp_rank=0, cp_size=2), cp_rank=0, cp_size=2)
+    with torch.no_grad():
+        for model, wrong in (
+            (eager, {"backend": "sdpa"}),  # a bool mask, added to eager's scores
+            (sdpa, {"backend": "sdpa", "mask": "block_causal", "dtype": torch.float32}),  # float32 on float64
+        ):
+            good = model(**model_inputs(local, model=model)).logits
+            bad = model(**model_inputs(local, **wrong)).logits
+            assert (bad - good)[local.hidden_mask].abs().max().item() > 0.1
+            with pytest.raises(ConfigError):
+                model_inputs(local, model=model, **wrong)

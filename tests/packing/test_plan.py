@@ -6,6 +6,7 @@ long-sample policies (drop, raise, truncate, split), and errors naming the sampl
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -208,6 +209,33 @@ def test_policy_follows_drop_long_samples_unless_named_and_a_contradiction_is_an
         ValueError, match=r"long_samples=.drop. contradicts data\.packing\.drop_long_samples=False"
     ):
         PackingSpec(8, drop_long_samples=False, long_samples="drop")
+
+
+def _packing(block: dict[str, Any]) -> PackingSpec:
+    spec = PuzzletronDataSpec.from_mapping(
+        {"modality": "text", "layout": "packed_varlen", "max_sample_length": 8, "packing": block}
+    )
+    assert spec.packing is not None
+    return spec.packing
+
+
+@pytest.mark.parametrize("policy", ["raise", "truncate", "split"])
+def test_a_named_policy_wins_over_the_default_drop_long_samples(policy: str) -> None:
+    """The README's ``packing: {long_samples: raise}``: the user set one key, so nothing contradicts."""
+    assert _packing({"pack_size": 8, "long_samples": policy}).long_samples == policy
+    assert PackingSpec(8, long_samples=policy) == _packing({"pack_size": 8, "long_samples": policy})
+    assert PackingSpec(8, long_samples=policy).drop_long_samples is False  # nothing is dropped
+
+
+def test_both_keys_set_in_a_block_must_agree() -> None:
+    assert _packing({"pack_size": 8, "drop_long_samples": False, "long_samples": "raise"}).long_samples == (
+        "raise"
+    )
+    assert _packing({"pack_size": 8, "drop_long_samples": True, "long_samples": "drop"}).drop_long_samples
+    with pytest.raises(ValueError, match=r"long_samples='raise' contradicts .*drop_long_samples=True"):
+        _packing({"pack_size": 8, "drop_long_samples": True, "long_samples": "raise"})
+    with pytest.raises(ValueError, match=r"long_samples='split' contradicts .*drop_long_samples=True"):
+        _packing({"pack_size": 8, "drop_long_samples": "true", "long_samples": "split"})
 
 
 def test_truncate_keeps_the_first_pack_size_tokens_and_counts_what_it_cut() -> None:

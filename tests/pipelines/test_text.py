@@ -6,6 +6,7 @@ never the tokens."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 from pathlib import Path
 
@@ -193,3 +194,71 @@ def test_a_snapshot_without_a_tokenizer_or_rows_with_a_cache_dir_are_errors(
         build_batches(
             [{"messages": []}], tokenizer="unused", spec=SPECS["packed"], batch_size=1, cache_dir=tmp_path
         )
+
+
+# ------------------------------------------------------------------------------------- what rank 0 logs
+
+LOGGER = "puzzletron.dataset.pipelines.text"
+
+
+def _messages(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == LOGGER]
+
+
+def test_the_plan_drops_are_logged_once_on_rank_0(
+    tokenizer_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """a has 16 tokens, b 15: a pack of 15 drops a, 16 of the 31 tokens (51.6 %)."""
+    spec = PuzzletronDataSpec("text", "packed_varlen", 15, PackingSpec(pack_size=15))
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1, dp_rank=1, dp_size=2)
+    assert _messages(caplog) == []  # another rank says nothing
+    build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1, dp_rank=0, dp_size=2)
+    messages = _messages(caplog)
+    assert messages[0][0] == logging.INFO and messages[0][1].startswith("tokenised 2 rows in memory in ")
+    assert messages[1:] == [
+        (logging.INFO, "packed 15 tokens of 1 samples into 1 rows of 15 (lower bound 1), efficiency 100.00%"),
+        (
+            logging.WARNING,
+            "dropped 1 of 2 samples longer than pack_size 15: 16 tokens, 51.6% of the split's tokens "
+            "(data.packing.long_samples: truncate or split keeps them)",
+        ),
+    ]
+    caplog.clear()
+    truncate = PuzzletronDataSpec("text", "packed_varlen", 15, PackingSpec(15, long_samples="truncate"))
+    build_batches(ROWS, tokenizer=tokenizer_dir, spec=truncate, batch_size=1)
+    assert _messages(caplog)[-1] == (
+        logging.WARNING,
+        "truncated 1 of 2 samples longer than pack_size 15: 1 tokens cut, 3.2% of the split's tokens",
+    )
+
+
+def test_building_a_store_logs_its_progress_and_a_reuse_says_so(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    spec = SPECS["padded"]
+    build_batches(snapshot, tokenizer=tokenizer_dir, spec=spec, batch_size=2, cache_dir=tmp_path)
+    built = [m for _, m in _messages(caplog)]
+    rows = f"{TRAIN_ROWS:,}"
+    assert built[0] == f"tokenising {snapshot} [train] into a token store: 0/{rows} rows (0%)"
+    assert built[-2] == f"tokenising {snapshot} [train] into a token store: {rows}/{rows} rows (100%)"
+    assert built[-1].startswith(f"token store {tmp_path}") and " built in " in built[-1]
+    caplog.clear()
+    build_batches(snapshot, tokenizer=tokenizer_dir, spec=spec, batch_size=2, cache_dir=tmp_path)
+    assert [m for _, m in _messages(caplog)] == [f"reusing token store {built[-1].split()[2]}"]
+
+
+def test_under_a_process_group_its_rank_0_reports(
+    tokenizer_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch.distributed as dist
+
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    spec = PuzzletronDataSpec("text", "padded_varlen", 64)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1, dp_rank=1, dp_size=2)
+    finally:
+        dist.destroy_process_group()
+    assert len(_messages(caplog)) == 1  # the process group's rank 0, whatever dp_rank says

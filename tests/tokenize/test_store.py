@@ -318,3 +318,36 @@ def test_a_failing_rank_raises_on_every_rank_and_nothing_is_published(
         _build(snapshot, tokenizer_dir, output=out)
     assert [a // ROWS_PER_SHARD for a, _ in calls] == [k for k in range(SHARDS) if k % 2 == 1]
     assert (out / "manifest.json").read_bytes() == reference
+
+
+def test_progress_moves_with_every_batch_not_once_a_shard(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """One shard holds the whole split: progress still reports every batch of 16 rows as it is written."""
+    seen: list[tuple[int, int]] = []
+    build_token_store(
+        snapshot,
+        tokenizer=tokenizer_dir,
+        output=tmp_path / "store",
+        options=TokenizeOptions(rows_per_shard=TRAIN_ROWS),
+        batch_size=16,
+        progress=lambda done, total: seen.append((done, total)),
+    )
+    assert seen == [(done, TRAIN_ROWS) for done in [*range(0, TRAIN_ROWS, 16), TRAIN_ROWS]]
+
+
+def test_progress_from_worker_processes_adds_up_to_the_split(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    seen: list[tuple[int, int]] = []
+    _build(
+        snapshot,
+        tokenizer_dir,
+        output=tmp_path / "store",
+        num_proc=2,
+        batch_size=8,
+        progress=lambda *a: seen.append(a),
+    )
+    done = [d for d, _ in seen]
+    assert seen[0] == (0, TRAIN_ROWS) and seen[-1] == (TRAIN_ROWS, TRAIN_ROWS)
+    assert done == sorted(done) and {t for _, t in seen} == {TRAIN_ROWS}

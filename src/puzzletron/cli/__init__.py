@@ -5,7 +5,9 @@ Exit codes: 0 done (or reused), 1 a data error, 2 usage, 130 interrupted. A libr
 not handle itself ends here as one line on stderr: `ConfigError` (a bad option or spec field) exits 2, any
 other `PuzzletronDataError` or an `OSError` exits 1; Ctrl-C (`KeyboardInterrupt`) prints one line and exits
 130 (a materialisation it interrupts publishes nothing); nothing broader is caught. Paths that are not
-UTF-8 are printed with backslash escapes rather than failing the print.
+UTF-8 are printed with backslash escapes rather than failing the print. Every command takes ``--json``
+and then prints exactly one JSON line on stdout, with the same keys for the same facts
+(`puzzletron.cli._output`); ``--version`` prints the installed version.
 """
 
 from __future__ import annotations
@@ -22,8 +24,30 @@ from puzzletron.dataset.errors import ConfigError, PuzzletronDataError
 __all__ = ["main"]
 
 
+_EPILOG = """--json prints one line with the same keys for the same facts in every command: command,
+status (done | reused | ok | failed | serving), path (the folder written or read), format, manifest,
+row_count, sample_count, image_count, token_count, bytes_on_disk, plus the command's own (adapter,
+identity_sha256, problems, endpoint, stages ...)."""
+
+
+def _version() -> str:
+    """The installed distribution's version; the source tree's when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("puzzletron-data")
+    except PackageNotFoundError:
+        return "0.1.0+source"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="puzzletron-data", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="puzzletron-data",
+        description=__doc__.splitlines()[0],
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level on stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for area in (_demo, _pack_report, _subsets, _acquire, _tokenize):

@@ -1,25 +1,30 @@
 """`puzzletron-data materialize puzzle-kd|nemotron-vlm|intersyn` and `puzzletron-data hub serve|fixtures`.
 
 ``materialize`` takes one flag per spec field, shows progress bars on stderr (only when stderr is a
-terminal and ``--quiet`` is not given) and prints one JSON line on stdout::
+terminal and ``--quiet`` is not given) and prints one JSON line on stdout (with or without ``--json``; keys:
+`puzzletron.cli._output`)::
 
-    {"status": "done" | "reused", "adapter": ..., "output": DIR, "manifest": DIR/manifest.json}
+    {"command": "materialize puzzle-kd", "status": "done" | "reused", "adapter": ..., "path": DIR,
+     "format": ..., "manifest": DIR/manifest.json, "row_count" | "sample_count", "image_count": ...}
+
+An error that names a spec field (``max_shards_per_subset``) names its flag (``--max-shards-per-subset``).
 
 Exit codes: 0 done or reused, 1 a data error (Hub unreachable, mismatch with an existing snapshot,
 shortfall), 2 usage (bad flags or spec fields). The errors are the library's (`PuzzletronDataError`,
 `ConfigError` for usage) or an `OSError`; `puzzletron.cli.main` prints them and picks the code.
 
-``hub fixtures DIR`` writes the fixture repositories; ``hub serve DIR`` serves ``DIR/mirrors`` with the
-Hub API on loopback (olah), prints the endpoint and runs until interrupted; a ``--port`` in use is said
-and exits 1, one outside 1..65535 is a usage error (exit 2).
+``hub fixtures DIR`` writes the fixture repositories (one JSON line); ``hub serve DIR`` serves
+``DIR/mirrors`` with the Hub API on loopback (olah), prints the endpoint (``--json``: a JSON line with
+``endpoint``) and runs until interrupted; a ``--port`` in use is said and exits 1, one outside 1..65535 is a
+usage error (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
+import re
 import signal
 import sys
 import threading
@@ -30,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from puzzletron.cli._args import port_type
+from puzzletron.cli._output import add_json, emit, folder_facts
+from puzzletron.dataset.errors import PuzzletronDataError
 
 __all__ = ["register"]
 
@@ -64,7 +71,6 @@ def _show_progress(args: argparse.Namespace) -> bool:
 
 
 def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int:
-    from puzzletron.dataset.formats import MANIFEST
     from puzzletron.dataset.sources import PROGRESS_LOGGER, hub
     from puzzletron.dataset.storage import publications
 
@@ -81,20 +87,29 @@ def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int
         logger.propagate = False  # progress records feed the bars only, never the log
     try:
         call()  # a library error or OSError goes to `puzzletron.cli.main`: ConfigError exits 2, others 1
+    except PuzzletronDataError as exc:
+        flagged = _flag_names(str(exc), args)
+        if flagged == str(exc):
+            raise
+        raise type(exc)(flagged) from exc
     finally:
         if handler is not None:
             logger.removeHandler(handler)
             logger.setLevel(old_level)
             logger.propagate = old_propagate
             handler.close()
-    line = {  # "done" only when this run published the snapshot, whatever was there when it started
-        "status": "done" if publications(output) > published else "reused",
-        "adapter": adapter,
-        "output": str(output),
-        "manifest": str(output / MANIFEST),
-    }
-    print(json.dumps(line), flush=True)
+    # "done" only when this run published the snapshot, whatever was there when it started
+    status = "done" if publications(output) > published else "reused"
+    emit(f"materialize {args.dataset}", status, adapter=adapter, **folder_facts(output))
     return 0
+
+
+def _flag_names(message: str, args: argparse.Namespace) -> str:
+    """``message`` with every option name of this command (``max_shards_per_subset``) as its flag."""
+    names = sorted((n for n in vars(args) if "_" in n), key=len, reverse=True)
+    for name in names:
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", "--" + name.replace("_", "-"), message)
+    return message
 
 
 def _spec(spec_cls: type, args: argparse.Namespace, **fields_: Any) -> Any:
@@ -174,8 +189,12 @@ def _hub_fixtures(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"puzzletron-data hub fixtures: {exc}", file=sys.stderr)
         return 1
-    print(
-        json.dumps({"root": str(hub.root), "mirrors": str(hub.mirrors), "shas": dict(hub.shas)}), flush=True
+    emit(
+        "hub fixtures",
+        "done",
+        path=str(Path(hub.root).absolute()),
+        mirrors=str(hub.mirrors),
+        shas=dict(hub.shas),
     )
     return 0
 
@@ -187,7 +206,10 @@ def _hub_serve(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         with serve_hub(Path(args.dir), port=args.port) as endpoint:
-            print(endpoint, flush=True)
+            if args.json:
+                emit("hub serve", "serving", path=str(Path(args.dir).absolute()), endpoint=endpoint)
+            else:
+                print(endpoint, flush=True)
             print(f"serving {Path(args.dir) / 'mirrors'}; export HF_ENDPOINT={endpoint}", file=sys.stderr)
             with contextlib.suppress(KeyboardInterrupt):
                 stop.wait()
@@ -199,12 +221,29 @@ def _hub_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# The help of each spec field's flag (its default is appended).
+_HELP = {
+    "train_samples": "rows to take from the train split",
+    "validation_samples": "rows to take from the validation split",
+    "num_samples": "image conversations to take, over all subsets (by --subset-rows)",
+    "max_shards_per_subset": "media tar shards to read per subset at most (more: more usable rows)",
+    "rows_per_source": "rows to take from each of the two InterSyn repositories",
+    "single_turn_source": "Hub dataset id of the single-turn InterSyn repository",
+    "single_turn_revision": "its commit (default: the pinned upstream commit; a mirror may need 'main')",
+    "multi_turn_source": "Hub dataset id of the multi-turn InterSyn repository",
+    "multi_turn_revision": "its commit (default: the pinned upstream commit; a mirror may need 'main')",
+}
+
+
 def _flags(parser: argparse.ArgumentParser, defaults: Mapping[str, Any], *names: str) -> None:
     """One ``--name`` flag per field `names`, its type and default those of `defaults` (the spec's)."""
     for name in names:
         default = defaults[name]
         kind = int if isinstance(default, int) else None
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default)
+        shown = f"{default[:12]}..." if isinstance(default, str) and len(default) == 40 else default
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=kind, default=default, help=f"{_HELP[name]} (default {shown})"
+        )
 
 
 def _common(parser: argparse.ArgumentParser, spec_cls: type | None) -> dict[str, Any]:
@@ -220,6 +259,7 @@ def _common(parser: argparse.ArgumentParser, spec_cls: type | None) -> dict[str,
         )
         parser.add_argument("--source", default=source, help=f"Hub dataset id (default {source})")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_json(parser, always=True)
     return default
 
 
@@ -243,7 +283,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     vlm.add_argument(
         "--subset", action="append", help="subset name (repeatable; default the three image subsets)"
     )
-    vlm.add_argument("--subset-rows", action="append", metavar="NAME=ROWS", help="subset weight (repeatable)")
+    vlm.add_argument(
+        "--subset-rows",
+        action="append",
+        metavar="NAME=ROWS",
+        help="the subset's share of --num-samples, in proportion to ROWS (its row count; repeatable)",
+    )
     _flags(vlm, vlm_defaults, "num_samples", "max_shards_per_subset")
     vlm.set_defaults(handler=_nemotron)
 
@@ -257,10 +302,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     hub = sub.add_parser("hub", help="fixture Hub repositories and a loopback Hub mirror")
     hub_sub = hub.add_subparsers(dest="hub_command", required=True, metavar="ACTION")
     fixtures = hub_sub.add_parser("fixtures", help="generate the fixture repositories under DIR/mirrors")
-    fixtures.add_argument("dir")
-    fixtures.add_argument("--seed", type=int, default=0)
+    fixtures.add_argument("dir", help="folder to create (must not exist); hub serve DIR serves it")
+    fixtures.add_argument(
+        "--seed", type=int, default=0, help="seed of the generated rows and images (default 0)"
+    )
+    add_json(fixtures, always=True)
     fixtures.set_defaults(handler=_hub_fixtures)
     serve = hub_sub.add_parser("serve", help="serve DIR/mirrors/datasets/<org>/<name> git repos on 127.0.0.1")
-    serve.add_argument("dir")
+    serve.add_argument("dir", help="a folder with mirrors/ (hub fixtures DIR, or your mirrored repositories)")
     serve.add_argument("--port", type=port_type, default=None, help="port 1..65535 (default: a free one)")
+    add_json(serve)
     serve.set_defaults(handler=_hub_serve)

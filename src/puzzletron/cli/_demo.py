@@ -4,8 +4,10 @@
 ``--workdir``): check the batch contract on synthetic tensors, generate the fixture repositories and serve
 them on loopback (olah), materialise the Puzzle-KD, Nemotron-VLM and InterSyn snapshots and verify them,
 turn the text split into packed batches with `build_batches`, deal them to two DP ranks, shard one over
-DP x CP x PP and check that it reassembles, and print a report (rows, tokens, packing efficiency,
-fingerprints, time per stage). Stages run in order and the demo stops at the first that fails: it is
+DP x CP x PP and check that it reassembles, write the README's "try it" files (`puzzletron.cli._try_it`:
+``<workdir>/tokenizer``, ``processor``, ``model``), and print a report (rows, tokens, packing efficiency,
+fingerprints, time per stage). ``--json``: the stages go to stderr, stdout gets one JSON line
+(`puzzletron.cli._output`). Stages run in order and the demo stops at the first that fails: it is
 reported as ``FAIL`` with its error, the stages after it do not run (most need an earlier stage's result:
 the Hub, the snapshot, the batches) and are counted in the report, and the exit code is 1. A ``--workdir``
 of an earlier run is reused (its Hub and snapshots) only when that run used the same ``--seed``; any other
@@ -34,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from puzzletron.cli._args import seed_type
+from puzzletron.cli._output import add_json, emit
 
 __all__ = ["register"]
 
@@ -62,6 +65,7 @@ class _Demo:
     text_dir: Path | None = None
     batches: Any = None  # TextBatches of DP rank 0 (its tokenised samples and packing plan fill the report)
     first_batches: list[Any] = field(default_factory=list)  # each DP rank's first batch of epoch 0
+    assets: dict[str, Any] = field(default_factory=dict)  # the try-it files: tokenizer, processor, model
 
 
 def _run_stage(number: int, name: str, body: Callable[[_Stage], None]) -> _Stage:
@@ -248,6 +252,17 @@ def _deal(demo: _Demo, st: _Stage) -> None:
     demo.first_batches = firsts
 
 
+def _try_it(demo: _Demo, st: _Stage) -> None:
+    """The README's "try it" inputs (`puzzletron.cli._try_it`) beside the demo's snapshots."""
+    from puzzletron.cli._try_it import write_try_it_files
+
+    demo.assets = write_try_it_files(demo.workdir, seed=demo.seed)
+    st.lines.append(f"tokenizer {demo.assets['tokenizer']}, processor {demo.assets['processor']}")
+    st.lines.append(
+        f"model {demo.assets['model']}: a tiny random Qwen2 ({demo.assets['parameters']:,} parameters)"
+    )
+
+
 def _shard(demo: _Demo, st: _Stage) -> None:
     from puzzletron.dataset.distributed.sharding import check_sharding
 
@@ -263,6 +278,7 @@ STAGES: tuple[tuple[str, Callable[[_Demo, _Stage], None]], ...] = (
     ("tokenise (chat template) and pack the text split (build_batches)", _tokenize_and_pack),
     (f"deal the packs to DP={DP} ranks and build every batch of epoch 0", _deal),
     (f"shard a packed text batch over DP={DP} x CP={CP} x PP={PP} and reassemble", _shard),
+    ("write the README's try-it files: tokenizer, processor, tiny model", _try_it),
 )
 
 
@@ -293,6 +309,31 @@ def _print_report(demo: _Demo, stages: list[_Stage], total: float) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    if not args.json:
+        return _demo(args)
+    with contextlib.redirect_stdout(sys.stderr):  # the stages and the report; stdout gets the JSON line
+        code, demo, stages = _demo(args, keep=True)
+    facts: dict[str, Any] = {"path": str(Path(args.workdir).absolute()) if args.workdir else None}
+    if demo is not None and demo.batches is not None:
+        samples, plan = demo.batches.tokenized.samples, demo.batches.plan
+        facts |= {
+            "sample_count": len(samples),
+            "token_count": int(samples.lengths.sum()),
+            "packs": plan.num_rows,
+            "efficiency": plan.efficiency,
+            "dropped_samples": len(plan.dropped),
+            "dropped_tokens": plan.dropped_tokens,
+        }
+    if demo is not None:
+        facts["fingerprints"] = [str(b.fingerprint) for b in demo.first_batches]
+        facts |= demo.assets
+    facts["stages"] = [{"name": s.name, "status": s.status, "seconds": round(s.seconds, 3)} for s in stages]
+    emit("demo", "ok" if code == 0 else "failed", **facts)
+    return code
+
+
+def _demo(args: argparse.Namespace, *, keep: bool = False) -> Any:
+    """Run the stages and print the report; the exit code (with ``keep``: also the demo and its stages)."""
     import datasets
 
     if args.workdir is not None:
@@ -300,7 +341,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             Path(args.workdir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             print(f"puzzletron-data demo: --workdir {args.workdir}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
+            return (2, None, []) if keep else 2
     datasets.disable_progress_bars()
     started = time.perf_counter()
     stages: list[_Stage] = []
@@ -318,7 +359,8 @@ def _run_demo(args: argparse.Namespace) -> int:
             if stages[-1].status == "FAIL":
                 break  # later stages need the Hub, snapshot or batches of earlier ones
     _print_report(demo, stages, time.perf_counter() - started)
-    return 1 if stages[-1].status == "FAIL" else 0
+    code = 1 if stages[-1].status == "FAIL" else 0
+    return (code, demo, stages) if keep else code
 
 
 @contextlib.contextmanager
@@ -404,4 +446,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="run the data stage end to end on the built-in fixture Hub, offline")
     demo.add_argument("--workdir", type=Path, default=None, help="keep everything here (default: a temp dir)")
     demo.add_argument("--seed", type=seed_type, default=0, help="seed of the fixtures, plans and samplers")
+    add_json(demo)
     demo.set_defaults(handler=_run_demo)

@@ -1,9 +1,11 @@
-"""`puzzletron-data pack-report`: plan the packing of a tokenised snapshot split and draw it.
+"""`puzzletron-data pack-report`: plan the packing of a text snapshot split (or a token store) and draw it.
 
-The picture (a PNG) shows the first rows as bars split by sample, and the length histogram; the numbers
-(rows against the lower bound, efficiency, lengths, what was dropped, timings) go to stdout. Errors are
-reported by `puzzletron.cli.main`: exit 1 on a data error (snapshot, split, tokenizer, rows), 2 on a bad
-option (`ConfigError`, e.g. ``--pack-size 0``).
+The source is a text snapshot (tokenised here with ``--tokenizer``) or a token store (its lengths are read,
+no tokenizer). The picture (a PNG) shows the first rows as bars split by sample, and the length histogram;
+the numbers (rows against the lower bound, efficiency, lengths, what was dropped, timings) go to stdout
+(``--json``: one line, keys of `puzzletron.cli._output` plus the plan's). Errors are reported by
+`puzzletron.cli.main`: exit 1 on a data error (snapshot, split, tokenizer, rows), 2 on a bad option
+(`ConfigError`, e.g. ``--pack-size 0``, or a snapshot without ``--tokenizer``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from puzzletron.cli._args import seed_type
+from puzzletron.cli._output import add_json, emit
 
 __all__ = ["draw_packing", "register"]
 
@@ -96,26 +99,53 @@ def _pack_report(args: argparse.Namespace) -> int:
     import datasets
 
     from puzzletron.dataset.config import PackingSpec
+    from puzzletron.dataset.errors import ConfigError
+    from puzzletron.dataset.formats.token_store import TokenStore
     from puzzletron.dataset.packing import plan_packing
-    from puzzletron.dataset.pipelines.text import load_text_split, tokenize_conversations
+    from puzzletron.dataset.pipelines.text import is_token_store, load_text_split, tokenize_conversations
 
     datasets.disable_progress_bars()
     spec = PackingSpec(pack_size=args.pack_size)  # a bad option fails before any work
     start = time.perf_counter()
-    rows = load_text_split(Path(args.snapshot), split=args.split)
-    tokenized = tokenize_conversations(rows, tokenizer=Path(args.tokenizer), num_proc=args.num_proc)
+    if is_token_store(args.snapshot):
+        store = TokenStore(args.snapshot)
+        lengths = np.asarray(store.lengths, dtype=np.int64)
+        n_rows, kept, skipped = store.manifest["counts"]["rows"], len(store), store.skipped
+        what = f"token store     {args.snapshot}"
+    else:
+        if args.tokenizer is None:
+            raise ConfigError(f"--tokenizer is required: {args.snapshot} is not a token store")
+        rows = load_text_split(Path(args.snapshot), split=args.split)
+        tokenized = tokenize_conversations(rows, tokenizer=Path(args.tokenizer), num_proc=args.num_proc)
+        lengths = tokenized.samples.lengths
+        n_rows, kept, skipped = len(rows), len(tokenized.samples), tokenized.skipped
+        what = f"snapshot        {args.snapshot} [{args.split}]"
     tokenize_s = time.perf_counter() - start
-    lengths = tokenized.samples.lengths
     start = time.perf_counter()
     plan = plan_packing(lengths, spec, seed=args.seed)
     plan_s = time.perf_counter() - start
     title = f"Packing of {Path(args.snapshot).name} [{args.split}] into rows of {plan.pack_size} tokens"
     draw_packing(plan, lengths, Path(args.out), title=title)
     summary = plan.summary()
-    print(f"snapshot        {args.snapshot} [{args.split}]: {len(rows)} rows")
-    print(
-        f"tokenised       {len(tokenized.samples)} samples, skipped {tokenized.skipped} (no supervised token)"
-    )
+    if args.json:
+        emit(
+            "pack-report",
+            "ok",
+            path=str(Path(args.snapshot).absolute()),
+            row_count=n_rows,
+            sample_count=kept,
+            token_count=int(lengths.sum()),
+            pack_size=plan.pack_size,
+            packs=summary["rows"],
+            lower_bound_packs=summary["lower_bound_rows"],
+            efficiency=plan.efficiency,
+            dropped_samples=summary["dropped"],
+            dropped_tokens=summary["dropped_tokens"],
+            picture=str(Path(args.out).absolute()),
+        )
+        return 0
+    print(f"{what}: {n_rows} rows")
+    print(f"tokenised       {kept} samples, skipped {skipped} (no supervised token)")
     if lengths.size:
         q = np.percentile(lengths, [50, 90, 99]).round().astype(int).tolist()
         print(
@@ -134,13 +164,18 @@ def _pack_report(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``pack-report`` to the `puzzletron-data` parser."""
     report = sub.add_parser("pack-report", help="plan the packing of a text snapshot and draw it to a PNG")
-    report.add_argument("snapshot", type=Path, help="a Puzzle-KD snapshot (save_to_disk folder with splits)")
     report.add_argument(
-        "--tokenizer", required=True, help="a transformers tokenizer folder with a chat template"
+        "snapshot", type=Path, help="a Puzzle-KD text snapshot (split --split), or a token store"
+    )
+    report.add_argument(
+        "--tokenizer",
+        default=None,
+        help="a transformers tokenizer folder with a chat template (required for a snapshot)",
     )
     report.add_argument("--pack-size", type=int, required=True, help="row length in tokens")
     report.add_argument("--out", required=True, help="where to write the PNG")
     report.add_argument("--split", default="train", help="split of the snapshot (default: train)")
-    report.add_argument("--seed", type=seed_type, default=0, help="seed of the row order")
-    report.add_argument("--num-proc", type=int, default=1, help="tokenisation processes")
+    report.add_argument("--seed", type=seed_type, default=0, help="seed of the row order (default 0)")
+    report.add_argument("--num-proc", type=int, default=1, help="tokenisation processes (default 1)")
+    add_json(report)
     report.set_defaults(handler=_pack_report)

@@ -1,24 +1,33 @@
-"""`puzzletron-data verify DIR` and `puzzletron-data inspect DIR [--json]`: check and describe a snapshot.
+"""`puzzletron-data verify DIR` and `puzzletron-data inspect DIR`: check and describe a snapshot or store.
 
-Both read the snapshot's format from its ``manifest.json`` and hand it to that format's verifier or
-describer (`puzzletron.dataset.formats`: conversation subsets, text snapshots; the detection rule for
+Both read the folder's format from its ``manifest.json`` and hand it to that format's verifier or describer
+(`puzzletron.dataset.formats`: conversation subsets, text snapshots, token stores; the detection rule for
 manifests written before formats were named is documented there). Exit 0 when everything matches, 1 on
-any problem (`verify` prints every one; a directory `inspect` cannot read is a library error, which
-`puzzletron.cli.main` prints and turns into exit 1).
+any problem (`verify` prints every one; a folder `inspect` cannot read is a library error, which
+`puzzletron.cli.main` prints and turns into exit 1). ``--json``: one line (`puzzletron.cli._output`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+from pathlib import Path
 
+from puzzletron.cli._output import add_json, counts_of, emit, folder_facts
 from puzzletron.dataset import formats
 
 __all__ = ["register"]
 
+_WHAT = "a conversation subset, a Puzzle-KD text snapshot or a token store"
+
 
 def _verify(args: argparse.Namespace) -> int:
     report = formats.verify(args.dir)  # a damaged snapshot is a report, not an exception
+    if args.json:
+        facts = (
+            folder_facts(args.dir) if report.ok else {"path": report.path, "format": report.format or None}
+        )
+        emit("verify", "ok" if report.ok else "failed", **facts, problems=list(report.problems))
+        return 0 if report.ok else 1
     if report.ok:
         print(f"OK {report.path}: {formats.summary(report)}, all hashes match")
         return 0
@@ -30,7 +39,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     info = formats.describe(args.dir)  # no snapshot there: `SnapshotError`, exit 1 in `puzzletron.cli.main`
-    print(json.dumps(info, indent=2, sort_keys=True) if args.json else "\n".join(formats.render(info)))
+    if args.json:
+        manifest = str(Path(info["path"]) / formats.MANIFEST)
+        emit("inspect", "ok", **{**info, "manifest": manifest, **counts_of(info)})
+    else:
+        print("\n".join(formats.render(info)))
     return 0
 
 
@@ -38,13 +51,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add `verify` and `inspect` to the `puzzletron-data` parser."""
     verify = sub.add_parser(
         "verify",
-        help="check every count and SHA-256 of a subset or text snapshot (exit 1 on any mismatch)",
+        help="check every count and SHA-256 of a snapshot, subset or token store (exit 1 on any mismatch)",
     )
-    verify.add_argument("dir", help="conversation subset or Puzzle-KD text snapshot directory")
+    verify.add_argument("dir", help=f"folder of {_WHAT}")
+    add_json(verify)
     verify.set_defaults(handler=_verify)
     inspect = sub.add_parser(
-        "inspect", help="describe a subset (counts, sources, image formats and sizes) or a text snapshot"
+        "inspect",
+        help="describe a snapshot, subset or token store (counts, sources, revisions, images, size on disk)",
     )
-    inspect.add_argument("dir", help="conversation subset or Puzzle-KD text snapshot directory")
-    inspect.add_argument("--json", action="store_true", help="print a JSON object instead of text")
+    inspect.add_argument("dir", help=f"folder of {_WHAT}")
+    add_json(inspect)
     inspect.set_defaults(handler=_inspect)

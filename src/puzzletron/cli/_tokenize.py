@@ -1,24 +1,35 @@
-"""`puzzletron-data tokenize SNAPSHOT --tokenizer DIR --output STORE`: build (or reuse) a token store.
+"""`puzzletron-data tokenize SNAPSHOT --tokenizer DIR (--output STORE | --cache-dir DIR)`: build or reuse a
+token store.
 
 Tokenises one split of a text snapshot with the tokenizer's chat template into a token store
-(``docs/token-store-format.md``, `puzzletron.dataset.tokenize.store.build_token_store`), shows a progress bar
-on stderr (only when stderr is a terminal and ``--quiet`` is not given) and prints one JSON line on
-stdout::
+(``docs/token-store-format.md``, `puzzletron.dataset.tokenize.store.build_token_store`). ``--output`` puts
+it exactly there; ``--cache-dir`` reuses a store of the same identity anywhere under that folder (also one
+an earlier ``--output`` put there), else builds one at ``DIR/<identity hash>``: the same lookup
+`build_batches(..., cache_dir=DIR)` does, so the two never tokenise twice. Shows a progress bar of rows on
+stderr (only when stderr is a terminal and ``--quiet`` is not given) and prints one JSON line on stdout
+(with or without ``--json``; keys: `puzzletron.cli._output`)::
 
-    {"status": "done" | "reused", "format": "puzzletron-token-store", "output": STORE, "manifest": ...}
+    {"command": "tokenize", "status": "done" | "reused", "path": STORE, "format": "puzzletron-token-store",
+     "manifest": ..., "row_count": ..., "sample_count": ..., "token_count": ..., "identity_sha256": ...}
 
 Exit codes: 0 done or reused, 1 a data error (a missing or damaged snapshot, a store of another identity
 at STORE), 2 usage (bad flags or values; `ConfigError`, which `puzzletron.cli.main` turns into 2).
+
+Under a launcher (``torchrun --nnodes N --nproc-per-node P -m puzzletron.cli tokenize ...``) the processes
+form a gloo group from the launcher's environment and build cooperatively: rank ``r`` tokenises shards
+``k % world == r``, rank 0 publishes, every rank prints its line (``"rank"`` says which). The bytes are the
+same for any world size.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from puzzletron.cli._output import add_json, emit, folder_facts
 
 __all__ = ["register"]
 
@@ -52,48 +63,96 @@ class _Bar:
             self.bar.close()
 
 
+def _existing(args: argparse.Namespace, options: Any) -> Path | None:
+    """The complete store this run would reuse, if there is one (read before building)."""
+    from puzzletron.dataset.formats import MANIFEST
+    from puzzletron.dataset.formats.text_snapshot import open_split
+    from puzzletron.dataset.tokenize import find_store, store_identity
+
+    if args.output is not None:
+        return Path(args.output) if (Path(args.output) / MANIFEST).is_file() else None
+    identity = store_identity(
+        open_split(args.snapshot, args.split), tokenizer=args.tokenizer, options=options
+    )
+    return find_store(args.cache_dir, identity)
+
+
+def _refuse_a_store(snapshot: Path) -> None:
+    """A token store given as the snapshot: say what to do with it (the text reader would only say it is
+    not a text snapshot)."""
+    from puzzletron.dataset.errors import SnapshotError
+    from puzzletron.dataset.formats import detect
+    from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT
+
+    try:
+        kind = detect(snapshot)
+    except SnapshotError:
+        return  # no folder, no manifest: the snapshot reader says what is wrong
+    if kind == TOKEN_STORE_FORMAT:
+        raise SnapshotError(
+            f"{snapshot} is a token store already, not a text snapshot: build_batches, pack-report and the "
+            "AutoModel factory read it as it is (tokenize its snapshot to build another)"
+        )
+
+
 def _tokenize(args: argparse.Namespace) -> int:
     from puzzletron.dataset.config import TokenizeOptions
-    from puzzletron.dataset.formats import MANIFEST
-    from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT
-    from puzzletron.dataset.storage.atomic import publications
+    from puzzletron.dataset.distributed.collectives import launched_group
+    from puzzletron.dataset.formats.token_store import TokenStore
+    from puzzletron.dataset.storage.atomic import total_publications
     from puzzletron.dataset.tokenize import build_token_store
 
-    output = Path(args.output)
-    published = publications(output)  # "done" only when this run publishes the store (not a waiter)
-    bar = _Bar() if not args.quiet and sys.stderr.isatty() else None
     options = TokenizeOptions(messages_field=args.messages_field, id_field=args.id_field or None)
     if args.rows_per_shard is not None:
         options = dataclasses.replace(options, rows_per_shard=args.rows_per_shard)
+    _refuse_a_store(Path(args.snapshot))
+    existed = _existing(args, options)
+    published = total_publications()
+    bar = _Bar() if not args.quiet and sys.stderr.isatty() else None
     try:  # a library error or OSError goes to `puzzletron.cli.main`: ConfigError exits 2, others 1
-        build_token_store(
-            Path(args.snapshot),
-            tokenizer=Path(args.tokenizer),
-            output=output,
-            split=args.split,
-            num_proc=args.num_proc,
-            options=options,
-            progress=bar,
-        )
+        with launched_group() as dist:
+            rank = dist.get_rank() if dist is not None else None
+            path = build_token_store(
+                Path(args.snapshot),
+                tokenizer=Path(args.tokenizer),
+                output=args.output,
+                cache_dir=args.cache_dir,
+                split=args.split,
+                num_proc=args.num_proc,
+                options=options,
+                progress=bar,
+            )
     finally:
         if bar is not None:
             bar.close()
-    line = {
-        "status": "done" if publications(output) > published else "reused",
-        "format": TOKEN_STORE_FORMAT,
-        "output": str(output),
-        "manifest": str(output / MANIFEST),
-    }
-    print(json.dumps(line), flush=True)
+    # "done" only where this process published the store (or built it with its ranks): a run that waited
+    # for a concurrent one's lock and found the store published says "reused"
+    built = dist is not None or total_publications() > published
+    status = "reused" if existed is not None or not built else "done"
+    digest = TokenStore(path).manifest["identity_sha256"]
+    ranked = {"rank": rank} if rank is not None else {}  # under a launcher every rank prints its line
+    emit("tokenize", status, **folder_facts(path), identity_sha256=digest, **ranked)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``tokenize`` to the `puzzletron-data` parser."""
-    parser = sub.add_parser("tokenize", help="tokenise a text snapshot split into a token store")
+    parser = sub.add_parser("tokenize", help="tokenise a text snapshot split into a token store (once)")
     parser.add_argument("snapshot", help="text snapshot directory (puzzletron-data materialize puzzle-kd)")
-    parser.add_argument("--tokenizer", required=True, help="local tokenizer directory (with a chat template)")
-    parser.add_argument("--output", required=True, help="token store directory (created atomically)")
+    parser.add_argument(
+        "--tokenizer", required=True, metavar="DIR", help="local tokenizer directory (with a chat template)"
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--output", default=None, metavar="DIR", help="token store directory (created atomically)"
+    )
+    where.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=None,
+        help="reuse the store of this identity anywhere under DIR, else build DIR/<identity hash> "
+        "(build_batches' cache_dir)",
+    )
     parser.add_argument("--split", default="train", help="split to tokenise (default train)")
     parser.add_argument("--num-proc", type=_positive, default=1, help="worker processes (default 1)")
     parser.add_argument(
@@ -102,7 +161,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="rows of the split per shard (default 65536, build_token_store's; part of the identity)",
     )
-    parser.add_argument("--messages-field", default="messages", help="column of the conversations")
-    parser.add_argument("--id-field", default="uuid", help="column of the sample ids ('' for the row index)")
+    parser.add_argument(
+        "--messages-field", default="messages", help="column of the conversations (default messages)"
+    )
+    parser.add_argument(
+        "--id-field", default="uuid", help="column of the sample ids ('' for the row index; default uuid)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_json(parser, always=True)
     parser.set_defaults(handler=_tokenize)

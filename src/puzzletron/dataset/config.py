@@ -11,6 +11,7 @@
         pack_size: 4096              # hard row length, tokens
         packing_ratio: 0.9           # share of pack_size a planner may fill with *estimated* lengths
         drop_long_samples: true      # drop (and count) samples > pack_size; false raises naming the sample
+        long_samples: drop           # drop | raise | truncate | split; named, it wins over the default above
       path: /data/subset             # anything else is passed through in `spec.extras` for other stages
 
 Every message names the config key (``data.packing.pack_size`` ...) and what was expected.
@@ -81,8 +82,10 @@ class PackingSpec:
 
     ``long_samples`` (keyword-only) names the policy for samples longer than ``pack_size``: ``"drop"``,
     ``"raise"``, ``"truncate"`` (keep the first ``pack_size`` tokens) or ``"split"`` (cut into ``pack_size``
-    pieces packed as separate documents). Unset, it follows ``drop_long_samples`` (drop / raise); after
-    construction it always holds the policy in effect.
+    pieces packed as separate documents). Unset, it follows ``drop_long_samples`` (drop / raise); named, it
+    overrides the default ``drop_long_samples=True`` (an explicit ``False`` with ``"drop"`` is an error).
+    After construction ``long_samples`` holds the policy in effect and ``drop_long_samples`` says whether it
+    is ``"drop"``.
     """
 
     pack_size: int
@@ -106,18 +109,22 @@ class PackingSpec:
                 self.drop_long_samples, "data.packing.drop_long_samples", error=ConfigError, strings=True
             ),
         )
-        implied = "drop" if self.drop_long_samples else "raise"
-        policy = implied if self.long_samples is None else self.long_samples
+        policy = self.long_samples
+        if policy is None:
+            policy = "drop" if self.drop_long_samples else "raise"
         if policy not in LONG_SAMPLE_POLICIES:
             raise ConfigError(
                 f"data.packing.long_samples must be one of {', '.join(LONG_SAMPLE_POLICIES)}; got {policy!r}"
             )
-        if policy in ("drop", "raise") and policy != implied:
+        # drop_long_samples=True is the default, indistinguishable from an explicit True: a named policy
+        # overrides it. An explicit False (never the default) with long_samples='drop' contradicts it.
+        if policy == "drop" and not self.drop_long_samples:
             raise ConfigError(
-                f"data.packing.long_samples={policy!r} contradicts data.packing.drop_long_samples="
-                f"{self.drop_long_samples}; set only one of them"
+                "data.packing.long_samples='drop' contradicts data.packing.drop_long_samples=False; set "
+                "only one of them"
             )
         object.__setattr__(self, "long_samples", policy)
+        object.__setattr__(self, "drop_long_samples", policy == "drop")
 
     @classmethod
     def _from_mapping(cls, raw: Mapping[str, Any]) -> PackingSpec:
@@ -131,7 +138,17 @@ class PackingSpec:
             raise ConfigError(f"unknown key(s) in data.packing: {hints}; expected {', '.join(_PACKING_KEYS)}")
         if "pack_size" not in raw:
             raise ConfigError("data.packing.pack_size is required when data.packing is given")
-        return cls(**{k: raw[k] for k in _PACKING_KEYS if k in raw})
+        spec = cls(**{k: raw[k] for k in _PACKING_KEYS if k in raw})
+        if "drop_long_samples" in raw and "long_samples" in raw:  # both set by the user: they must agree
+            asked = require_bool(
+                raw["drop_long_samples"], "data.packing.drop_long_samples", error=ConfigError, strings=True
+            )
+            if asked != spec.drop_long_samples:
+                raise ConfigError(
+                    f"data.packing.long_samples={spec.long_samples!r} contradicts "
+                    f"data.packing.drop_long_samples={asked}; set only one of them"
+                )
+        return spec
 
 
 @dataclass(frozen=True)

@@ -99,3 +99,35 @@ def test_bad_options_are_config_errors(
     options = {"tokenizer_path": snapshot["tokenizer"], **options}
     with pytest.raises(ConfigError, match=message):
         make_puzzletron_chat_dataset(snapshot["path"], **options)
+
+
+def _items(rows: Any) -> list[dict[str, Any]]:
+    return [{k: v for k, v in rows[i].items() if k != "___PAD_TOKEN_IDS___"} for i in range(len(rows))]
+
+
+def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_with_a_cache_dir_the_recipe_reads_a_token_store_built_once(
+    snapshot: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AutoModel builds the dataset on every rank and every run: with ``cache_dir`` only the first call
+    tokenises; the rows are the in-memory ones, and the store alone (no tokenizer) gives them too."""
+    from puzzletron.dataset.pipelines import text as pipeline
+    from puzzletron.dataset.tokenize import store as build_store
+
+    in_memory = _items(_make(snapshot, seq_length=96, seed=5))
+    first = _items(_make(snapshot, seq_length=96, seed=5, cache_dir=tmp_path / "stores"))
+    (store,) = (p for p in (tmp_path / "stores").iterdir() if not p.name.startswith("."))  # plans are hidden
+
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the token store in cache_dir must be reused")
+
+    for module, name in ((build_store, "tokenize_rows"), (pipeline, "tokenize_conversations")):
+        monkeypatch.setattr(module, name, never)
+    again = _items(_make(snapshot, seq_length=96, seed=5, cache_dir=tmp_path / "stores"))
+    from_store = _items(make_puzzletron_chat_dataset(store, seq_length=96, seed=5))  # no tokenizer_path
+    assert _same(first, in_memory) and _same(again, in_memory) and _same(from_store, in_memory)

@@ -4,9 +4,12 @@ reader against tampered, truncated and foreign stores."""
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import pickle
 import shutil
+import sys
 from pathlib import Path
 
 import datasets
@@ -209,3 +212,29 @@ def test_a_split_without_supervised_rows_gives_an_empty_store(tokenizer_dir: Pat
     assert store.skipped_ids() == [f"u{i}" for i in range(5)] and store.lengths.shape == (0,)
     assert store.offsets.tolist() == [0] and store.read([], [])[0].size == 0
     assert formats.verify(path).ok
+
+
+def test_a_store_collected_at_interpreter_exit_closes_its_files_silently(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At exit Python sets a module's globals to None before the last objects are collected; the store's
+    finaliser must neither need them nor print ``Exception ignored in TokenStore.__del__``."""
+    from puzzletron.dataset.formats.token_store import reader
+    from puzzletron.dataset.storage import local
+
+    store = TokenStore(store_path)
+    store.read(store.offsets[[0]], store.offsets[[1]])
+    fds = list(store._files._fds.values())  # the pinned files it read through
+    assert fds
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    for module in (reader, local):
+        for name in [n for n in vars(module) if not n.startswith("__")]:
+            monkeypatch.setattr(module, name, None)  # what interpreter shutdown does to the module
+    del store
+    gc.collect()
+    monkeypatch.undo()
+    assert unraisable == []
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed

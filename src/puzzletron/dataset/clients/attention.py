@@ -4,8 +4,9 @@
   ``"eager"`` (position ids restarting per document, ``use_cache=False``, a 4-D block-causal mask when
   asked or when position ids cannot mark the documents), HF ``"flash"`` (varlen ``cu_seq_lens_q/k``),
   Transformer Engine ``"te_thd"`` and Megatron-Core ``"megatron"`` (the fields of ``PackedSeqParams``).
-- `model_inputs(batch, backend=...)`: the complete keyword dict of an HF causal-LM or VLM forward, labels
-  included, so ``model(**model_inputs(batch, backend="sdpa")).loss`` is the right loss.
+- `model_inputs(batch, model=model)`: the complete keyword dict of an HF causal-LM or VLM forward, labels
+  included, so ``model(**model_inputs(batch, model=model)).loss`` is the right loss (the backend and the
+  mask dtype read from the model's config, padding rows without a NaN).
 
 This is the one place that derives kwargs over the flattened batch: every split of a batch
 (``cp_partition``, ``dp_slice``, ``pp_microbatches``, ``pad_batch_to_multiple``) drops a collator's flash
@@ -23,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 
+from puzzletron.dataset._checks import require_int
 from puzzletron.dataset.batch import (
     FLAT_BACKEND_KWARGS,
     IGNORE_INDEX,
@@ -36,6 +38,7 @@ from puzzletron.dataset.batch import (
     PuzzletronBatch,
 )
 from puzzletron.dataset.batch.segments import run_starts
+from puzzletron.dataset.clients.hf_model import model_backend, model_dtype
 from puzzletron.dataset.errors import BatchValidationError, ConfigError
 
 __all__ = ["Backend", "MaskMode", "forward_kwargs", "model_inputs"]
@@ -323,14 +326,40 @@ def forward_kwargs(
     return _dense(batch, backend, mask, dtype)
 
 
+def _for_model(model: Any, backend: str | None, dtype: torch.dtype | None) -> tuple[str, torch.dtype | None]:
+    """``(backend, dtype)`` for ``model`` (`model_backend`, `model_dtype`): given values must agree."""
+    theirs = model_backend(model)
+    if backend is not None and backend != theirs:
+        raise ConfigError(
+            f"model_inputs(backend={backend!r}) but the model's text layers run {theirs!r} attention: its "
+            "kwargs would be silently wrong there (an eager model adds a bool mask to its scores); leave "
+            "backend out when you pass model="
+        )
+    native = model_dtype(model)
+    if dtype is not None and dtype != native:
+        raise ConfigError(
+            f"model_inputs(dtype={dtype}) but the model is {native}: a mask must be in the model's dtype "
+            "(eager adds it to its scores; torch's CPU SDPA misreads a float mask of another dtype)"
+        )
+    return theirs, native if theirs == "eager" else dtype
+
+
 def model_inputs(
     batch: PuzzletronBatch,
     *,
-    backend: Literal["sdpa", "eager", "flash"] = "sdpa",
+    backend: Literal["sdpa", "eager", "flash"] | None = None,
     mask: MaskMode = "auto",
     dtype: torch.dtype | None = None,
+    model: Any = None,
+    num_items_in_batch: int | torch.Tensor | None = None,
 ) -> dict[str, Any]:
-    """The keyword dict of an HF causal-LM / VLM forward: ``model(**model_inputs(batch)).loss`` is right.
+    """The keyword dict of an HF causal-LM / VLM forward: ``model(**model_inputs(batch, model=model)).loss``
+    is right.
+
+    ``model`` (recommended): the HF model the inputs are for. ``backend`` is then read from its config (the
+    attention its text layers run) and ``dtype`` is its dtype for an eager mask; a ``backend`` or ``dtype``
+    given as well must agree (`ConfigError` otherwise: a bool mask on an eager model, or a float32 mask on a
+    float64 one, is silently wrong). Without ``model``, ``backend`` defaults to ``"sdpa"``.
 
     Holds the batch's ``model_kwargs`` (``input_ids`` ``[B, T]``, or ``inputs_embeds`` ``[B, T, H]``
     instead when the batch has them, then without media; media such as ``pixel_values`` ``[patches, C*P*P]``,
@@ -347,17 +376,28 @@ def model_inputs(
       its values; a loss that ignores ``shift_labels`` shifts ``labels`` back to the same targets, exactly
       when ``shift_labels[:, -1]`` is -100 (a packed row's last token ends a document or is padding).
 
+    - ``num_items_in_batch``: what HF divides the summed cross-entropy by. Default: the supervised tokens of
+      this batch, at least 1 (a tensor; no host sync), so the loss is their mean and a batch without any
+      (the padding rows ``pad_batch_to_multiple`` adds, a padding batch of the sampler) contributes exactly
+      zero loss and zero gradient instead of a NaN. Give the count of the whole step (the batch before
+      ``pp_microbatches``, or every gradient-accumulation batch) and the microbatches' losses *add up* to the
+      step's mean: ``sum(model(**model_inputs(m, model=model, num_items_in_batch=n)).loss for m in micros)``
+      with ``n = (batch.labels != -100).sum()`` (``batch.ce_mask`` applied) equals the unsplit batch's loss.
+
     The loss is then the mean cross-entropy over the supervised tokens; HF computes it in float32. A
     CP-local multimodal batch without ``inputs_embeds`` is an error (its image tokens are split across
     ranks while ``pixel_values`` stay whole): embed the full batch first (token embeddings with the image
     features scattered in, ``[B, T, H]``), put them in with ``replace_model_kwargs(inputs_embeds=...)``,
     then `cp_partition`.
     """
-    if backend not in _HF:
+    if backend is not None and backend not in _HF:
         raise ConfigError(
             f"model_inputs: backend must be one of {', '.join(_HF)} (HF attention); got {backend!r}; use "
             "forward_kwargs for te_thd and megatron"
         )
+    if model is not None:
+        backend, dtype = _for_model(model, backend, dtype)
+    backend = backend or "sdpa"
     kwargs = batch.model_kwargs
     embedded = "inputs_embeds" in kwargs
     if batch.sequence.cp_size > 1 and not embedded and any(kwargs.get(k) is not None for k in _MEDIA):
@@ -384,4 +424,11 @@ def model_inputs(
             targets = targets.masked_fill(~batch.ce_mask.bool(), IGNORE_INDEX)
         out["labels"] = torch.nn.functional.pad(targets, (1, 0), value=IGNORE_INDEX)[:, :-1]
         out["shift_labels"] = targets
+        if num_items_in_batch is None:
+            num_items_in_batch = targets.ne(IGNORE_INDEX).sum().clamp_min(1)
+        elif not isinstance(num_items_in_batch, torch.Tensor):
+            num_items_in_batch = require_int(
+                num_items_in_batch, "model_inputs: num_items_in_batch", minimum=1, error=ConfigError
+            )
+        out["num_items_in_batch"] = num_items_in_batch
     return out

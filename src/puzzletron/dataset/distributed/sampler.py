@@ -165,24 +165,29 @@ class DistributedPackSampler(torch.utils.data.Sampler[BatchKey]):
         self._position = self._resume
 
     def deal(self) -> np.ndarray:
-        """The whole epoch's deal ``[steps, dp_size, batch_size]`` (cached per epoch)."""
+        """The whole epoch's deal ``[steps, dp_size, batch_size]`` (every rank's; computed on each call)."""
+        return deal_epoch(
+            self.num_items,
+            batch_size=self.batch_size,
+            dp_size=self.dp_size,
+            seed=self.seed,
+            epoch=self.epoch,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+        )
+
+    def _own(self) -> np.ndarray:
+        """This rank's column of the epoch's deal ``[steps, batch_size]``, cached per epoch: the rank keeps
+        ``steps * batch_size`` items, not the whole deal (11M packs dealt to 64 ranks: 1.4 MB, not 91 MB)."""
         if self._cached is None or self._cached[0] != self.epoch:
-            deal = deal_epoch(
-                self.num_items,
-                batch_size=self.batch_size,
-                dp_size=self.dp_size,
-                seed=self.seed,
-                epoch=self.epoch,
-                shuffle=self.shuffle,
-                drop_last=self.drop_last,
-            )
-            deal.setflags(write=False)
-            self._cached = (self.epoch, deal)
+            own = np.ascontiguousarray(self.deal()[:, self.dp_rank])
+            own.setflags(write=False)
+            self._cached = (self.epoch, own)
         return self._cached[1]
 
     def key(self, step: int) -> BatchKey:
         """This rank's key of ``step`` in the current epoch."""
-        return BatchKey(self.epoch, step, self.dp_rank, tuple(self.deal()[step, self.dp_rank].tolist()))
+        return BatchKey(self.epoch, step, self.dp_rank, tuple(self._own()[step].tolist()))
 
     def __iter__(self) -> Iterator[BatchKey]:
         start, self._resume = self._resume, 0

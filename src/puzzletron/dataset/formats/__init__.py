@@ -126,7 +126,7 @@ def format_of(manifest: Any, where: str = MANIFEST) -> str:
 
 def detect(path: str | Path) -> str:
     """The format name of the snapshot at `path`, read from its ``manifest.json``."""
-    manifest_path = Path(path).absolute() / MANIFEST
+    manifest_path = _folder(path) / MANIFEST
     return format_of(load_json(manifest_path, "the manifest"), str(manifest_path))
 
 
@@ -139,6 +139,14 @@ def verify(path: str | Path) -> VerifyReport:
     except SnapshotError as exc:
         return VerifyReport(str(root), 0, 0, (str(exc),))
     return FORMATS[name].verify(root)
+
+
+def _folder(path: str | Path) -> Path:
+    """`path` made absolute; `SnapshotError` when there is no such folder (before looking for a manifest)."""
+    root = Path(path).absolute()
+    if not root.is_dir():
+        raise SnapshotError(f"{root}: {'not a folder' if root.exists() else 'no such folder'}")
+    return root
 
 
 def describe(path: str | Path) -> dict[str, Any]:

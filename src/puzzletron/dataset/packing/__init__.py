@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from puzzletron.dataset.errors import PackingError
-from puzzletron.dataset.packing._plan import PackingPlan, plan_packing
+from puzzletron.dataset.packing._plan import IndexSequence, PackingPlan, plan_packing
 from puzzletron.dataset.packing._units import Units
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "IndexSequence",
     "PackingError",
     "PackingPlan",
     "SampleSource",

@@ -33,9 +33,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -45,7 +45,48 @@ from puzzletron.dataset.errors import PackingError
 from puzzletron.dataset.packing._sort import chunks, halves, index_dtype, radix_order
 from puzzletron.dataset.packing._units import Units, cut_long_samples
 
-__all__ = ["PackingPlan", "plan_packing"]
+__all__ = ["IndexSequence", "PackingPlan", "plan_packing"]
+
+
+class IndexSequence(Sequence[int]):
+    """A read-only array of indices seen as a sequence of ints (equal to a tuple of the same ints), so a
+    plan's ``dropped`` costs its array, not one Python int per sample."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self._values = values
+
+    def __len__(self) -> int:
+        return int(self._values.shape[0])
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[int, ...]: ...
+    def __getitem__(self, index: int | slice) -> int | tuple[int, ...]:
+        if isinstance(index, slice):
+            return tuple(self._values[index].tolist())
+        return int(self._values[index])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._values.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, IndexSequence | Sequence) and not isinstance(other, str):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return (
+            f"IndexSequence({self._values.tolist()!r})"
+            if len(self) <= 16
+            else f"IndexSequence(<{len(self)}>)"
+        )
+
+    def array(self) -> np.ndarray:
+        return self._values
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,7 +105,8 @@ class PackingPlan:
         row_lengths: ``[num_rows]`` tokens per row (sum of its samples' lengths).
         num_samples: samples given to the planner (placed + dropped).
         total_tokens: tokens of the placed samples.
-        dropped: indices of samples longer than ``pack_size`` that were dropped, ascending.
+        dropped: indices of samples longer than ``pack_size`` that were dropped, ascending (an
+            `IndexSequence`: equal to the tuple of those ints, stored as one array).
         dropped_tokens: their tokens.
         seed: the seed that ordered the rows.
         policy: the long-sample policy (``drop``, ``raise``, ``truncate``, ``split``).
@@ -80,7 +122,7 @@ class PackingPlan:
     row_lengths: np.ndarray = field(repr=False)
     num_samples: int
     total_tokens: int
-    dropped: tuple[int, ...]
+    dropped: Sequence[int]
     dropped_tokens: int
     seed: int
     policy: str = "drop"
@@ -305,7 +347,8 @@ def plan_packing(
     units = cut_long_samples(arr, pack_size, policy) if policy in ("truncate", "split") else None
     planned = arr if units is None else units.length
     sample_order, row_offsets, row_lengths, long_idx = _plan_rows(planned, pack_size, capacity, seed)
-    for a in (sample_order, row_offsets, row_lengths):
+    long_idx = long_idx.astype(np.int64)
+    for a in (sample_order, row_offsets, row_lengths, long_idx):
         a.setflags(write=False)
     cut = arr > pack_size if units is not None else np.zeros(0, dtype=bool)
     dropped_tokens = int(planned[long_idx].sum(dtype=np.int64))
@@ -317,7 +360,7 @@ def plan_packing(
         row_lengths=row_lengths,
         num_samples=int(arr.shape[0]),
         total_tokens=int(planned.sum(dtype=np.int64)) - dropped_tokens,
-        dropped=tuple(long_idx.tolist()),
+        dropped=IndexSequence(long_idx),
         dropped_tokens=dropped_tokens,
         seed=int(seed),
         policy=policy,

@@ -4,7 +4,8 @@
 in ``cache_dir`` by `puzzletron.dataset.tokenize.store`, or the split tokenised in memory by
 `puzzletron.dataset.tokenize`), plan the packing (``packed_varlen``, `puzzletron.dataset.packing`), deal the
 rows to this DP rank (`puzzletron.dataset.distributed`), and build each `PuzzletronBatch` in the layout
-of a `PuzzletronDataSpec`::
+of a `PuzzletronDataSpec`. Rank 0 logs the build's progress and what the plan dropped
+(`puzzletron.dataset.pipelines._report`)::
 
     batches = build_batches("snapshots/puzzle-kd", tokenizer="tok/", spec=spec, batch_size=4,
                             dp_rank=rank, dp_size=world, cache_dir="token-stores/")
@@ -17,13 +18,15 @@ tokens; the batches are identical (same fingerprints) to those of the in-memory 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.batch import Modality, PuzzletronBatch
-from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions
+from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
 from puzzletron.dataset.distributed import (
     DistributedPackSampler,
     PackedBatches,
@@ -33,12 +36,16 @@ from puzzletron.dataset.distributed import (
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import MANIFEST, detect
 from puzzletron.dataset.formats.text_snapshot import load_text_split
-from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TokenStore
+from puzzletron.dataset.formats.token_store import LENGTHS, TOKEN_STORE_FORMAT, TokenStore
 from puzzletron.dataset.packing import PackingPlan, TokenizedSamples, plan_packing
+from puzzletron.dataset.packing.plan_cache import cached_plan
 from puzzletron.dataset.packing.sources import StoreNames, StoreSamples
+from puzzletron.dataset.pipelines._report import LOG, BuildProgress, is_rank_zero, log_plan
 from puzzletron.dataset.tokenize import TokenizedText, build_token_store, tokenize_conversations
 
-__all__ = ["TextBatches", "build_batches", "load_text_split"]
+__all__ = ["TextBatches", "build_batches", "is_token_store", "load_text_split"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,6 +109,7 @@ def build_batches(
     num_proc: int = 1,
     options: TokenizeOptions = TokenizeOptions(),
     cache_dir: str | Path | None = None,
+    plan_cache: str | Path | None = None,
 ) -> TextBatches:
     """Snapshot + tokenizer + `PuzzletronDataSpec` -> this DP rank's batches (see `TextBatches`).
 
@@ -115,19 +123,31 @@ def build_batches(
     samples into rows of ``spec.packing.pack_size`` (samples longer than it follow
     ``spec.packing.long_samples``, counted in ``plan``); ``padded_varlen`` pads right to the batch max
     rounded up to ``pad_to_multiple_of``; ``fixed`` pads or truncates to ``spec.max_sample_length``.
+
+    From a token store the packing plan is planned once and memory-mapped by every rank and restart
+    (`puzzletron.dataset.packing.plan_cache`): in ``plan_cache``, by default ``cache_dir/.plans``, else
+    ``.<store name>.plans`` beside the store (planned in memory when that folder cannot be written).
     """
     if Modality(spec.modality) is not Modality.TEXT:
         raise ConfigError(
             f"build_batches builds text batches; data.modality is {Modality(spec.modality).value}"
         )
+    report = is_rank_zero(dp_rank)
     tokenized = _tokenized(
-        source, tokenizer=tokenizer, split=split, cache_dir=cache_dir, options=options, num_proc=num_proc
+        source,
+        tokenizer=tokenizer,
+        split=split,
+        cache_dir=cache_dir,
+        options=options,
+        num_proc=num_proc,
+        report=report,
     )
     samples = tokenized.samples
     plan = None
     if spec.packing is not None:
-        names = samples.sample_ids if isinstance(samples, TokenizedSamples) else StoreNames(samples.store)
-        plan = plan_packing(samples.lengths, spec.packing, seed=seed, sample_ids=names)
+        plan = _plan(samples, spec.packing, seed=seed, cache=plan_cache, cache_dir=cache_dir)
+        if report:
+            log_plan(plan)
     dataset = PackedBatches(
         samples, spec, plan, pad_token_id=tokenized.pad_token_id, pad_to_multiple_of=pad_to_multiple_of
     )
@@ -143,6 +163,37 @@ def build_batches(
     return TextBatches(tokenized, plan, dataset, sampler)
 
 
+def _plan(
+    samples: TokenizedSamples | StoreSamples,
+    spec: PackingSpec,
+    *,
+    seed: int,
+    cache: str | Path | None,
+    cache_dir: str | Path | None,
+) -> PackingPlan:
+    """The packing plan of `samples`: from the plan cache for a token store, else planned here."""
+    if isinstance(samples, TokenizedSamples):
+        return plan_packing(samples.lengths, spec, seed=seed, sample_ids=samples.sample_ids)
+    store = samples.store
+    if cache is None:  # hidden: a cache directory still lists only stores
+        beside = store.path.with_name(f".{store.path.name}.plans")
+        cache = Path(cache_dir, ".plans") if cache_dir is not None else beside
+    lengths_file = next(r["sha256"] for r in store.manifest["files"] if r["path"] == LENGTHS)
+    identity = f"{store.manifest['identity_sha256']}:{lengths_file}"
+    try:
+        return cached_plan(
+            samples.lengths,
+            spec,
+            lengths_identity=identity,
+            cache=cache,
+            seed=seed,
+            sample_ids=StoreNames(store),
+        )
+    except OSError as exc:  # a read-only or full disk: plan in memory (every rank does the work)
+        logger.warning("plan cache %s is not writable (%s); planning in memory", cache, exc)
+        return plan_packing(samples.lengths, spec, seed=seed, sample_ids=StoreNames(store))
+
+
 def _tokenized(
     source: str | Path | Any,
     *,
@@ -151,11 +202,12 @@ def _tokenized(
     cache_dir: str | Path | None,
     options: TokenizeOptions,
     num_proc: int,
+    report: bool,
 ) -> TokenizedText:
     """The tokenised samples of ``source``: from a token store (given, or built/reused in ``cache_dir``),
-    else tokenised in memory."""
+    else tokenised in memory; with ``report``, logged (`puzzletron.dataset.pipelines._report`)."""
     path = Path(source) if isinstance(source, str | Path) else None
-    if path is not None and _is_token_store(path):
+    if path is not None and is_token_store(path):
         return _from_store(TokenStore(path))
     if tokenizer is None:
         raise ConfigError(f"build_batches: tokenizer is required to tokenise {source!r} (not a token store)")
@@ -164,16 +216,38 @@ def _tokenized(
             raise ConfigError(
                 "build_batches: cache_dir needs a snapshot folder as source, not rows in memory"
             )
+        progress = BuildProgress(path, split) if report else None
         built = build_token_store(
-            path, tokenizer=tokenizer, cache_dir=cache_dir, split=split, options=options, num_proc=num_proc
+            path,
+            tokenizer=tokenizer,
+            cache_dir=cache_dir,
+            split=split,
+            options=options,
+            num_proc=num_proc,
+            progress=progress,
         )
+        if progress is not None:
+            progress.finished(built)
         return _from_store(TokenStore(built))
     rows = load_text_split(path, split=split) if path is not None else source
-    return tokenize_conversations(rows, tokenizer=tokenizer, options=options, num_proc=num_proc)
+    started = time.perf_counter()
+    tokenized = tokenize_conversations(rows, tokenizer=tokenizer, options=options, num_proc=num_proc)
+    if report:
+        LOG.info(
+            "tokenised %s rows in memory in %.1f s (with cache_dir a token store keeps them for every rank "
+            "and restart)",
+            f"{len(tokenized.samples) + tokenized.skipped:,}",
+            time.perf_counter() - started,
+        )
+    return tokenized
 
 
-def _is_token_store(path: Path) -> bool:
-    """Whether ``path`` holds a manifest naming the token-store format (the reader then checks the rest)."""
+def is_token_store(source: Any) -> bool:
+    """Whether ``source`` is a folder whose manifest names the token-store format (the reader then checks
+    the rest)."""
+    if not isinstance(source, str | Path):
+        return False
+    path = Path(source)
     if not (path / MANIFEST).is_file():
         return False
     try:

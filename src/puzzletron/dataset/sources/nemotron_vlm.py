@@ -17,7 +17,7 @@ from typing import Any
 
 from puzzletron.dataset.conversation import normalize_nemotron_vlm_sample
 from puzzletron.dataset.conversation.images import HUB_REFERENCE_REASON
-from puzzletron.dataset.errors import AcquisitionError, ConversationError, SnapshotError
+from puzzletron.dataset.errors import AcquisitionError, ConfigError, ConversationError, SnapshotError
 from puzzletron.dataset.formats.manifest import parse_json
 from puzzletron.dataset.formats.subset.reader import read_manifest
 from puzzletron.dataset.formats.subset.writer import materialize_normalized_conversation_samples
@@ -75,6 +75,18 @@ def _missing_images(missing: list[str], shards: int) -> str:
         f"image(s) {missing} are external: the subset has no media shards "
         "(a JSONL-only subset whose references need the upstream media)"
     )
+
+
+def check_subsets(source: str, revision: str, subsets: Sequence[str]) -> None:
+    """`ConfigError` naming the subsets of ``source`` at ``revision`` (a ``<name>/<name>.jsonl`` each) when
+    one of ``subsets`` is not among them (one listing of the repository, cached per commit)."""
+    paths = [p.split("/") for p in _hub.list_files(source, revision, "*/*.jsonl")]
+    known = sorted(parts[0] for parts in paths if len(parts) == 2 and parts[1] == f"{parts[0]}.jsonl")
+    unknown = [name for name in subsets if name not in known]
+    if unknown:
+        raise ConfigError(
+            f"unknown subset(s) {unknown} of {source}@{revision}; known: {', '.join(known) or 'none'}"
+        )
 
 
 def hub_vlm_rows(
@@ -283,6 +295,8 @@ def materialize_nemotron_vlm_dataset(
         "materialized_rows": dict.fromkeys(spec.subsets, 0),
         "redistributed_rows": dict.fromkeys(spec.subsets, 0),
     }
+    if sample_loader is None:
+        check_subsets(spec.source, revision, spec.subsets)
     samples = _RoundRobin(spec, revision, sample_loader or hub_vlm_rows, diagnostics, quotas)
     return materialize_normalized_conversation_samples(
         iter(samples), out, acquisition=identity, diagnostics=diagnostics, expected_count=spec.num_samples

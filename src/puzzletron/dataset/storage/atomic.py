@@ -54,6 +54,7 @@ __all__ = [
     "staging_dir",
     "sweep_stale",
     "tidy",
+    "total_publications",
     "txn_prefix",
     "with_path",
 ]
@@ -165,6 +166,11 @@ def publications(destination: str | Path) -> int:
     """How many times this process published `destination` (a `staging_dir` renamed into place): a call
     that leaves it unchanged reused what was there."""
     return _PUBLISHED.get(_key(Path(destination)), 0)
+
+
+def total_publications() -> int:
+    """How many directories this process has published so far (any destination)."""
+    return sum(_PUBLISHED.values())
 
 
 def _normal(destination: Path) -> Path:

@@ -16,9 +16,9 @@ an error, never a mix of old and new files. Open descriptors are kept (least rec
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +138,12 @@ class LocalFiles:
         self.__dict__.update(state)
         self._fds = OrderedDict()
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit `os` may be gone already
-            self.close()
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        # At interpreter exit this module's globals may already be None (os, contextlib): use only what the
+        # default argument and the builtins hold.
+        fds = self.__dict__.get("_fds") or {}
+        while fds:
+            try:  # noqa: SIM105 (contextlib may be None by now)
+                _close(fds.popitem()[1])
+            except OSError:
+                pass

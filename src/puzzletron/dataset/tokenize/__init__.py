@@ -3,7 +3,8 @@
 `conversations` tokenises rows (batched: render once, encode in one backend call; `tokenize_conversation`
 is the row-by-row reference); `store` builds (or reuses) a content-addressed token store of a text split,
 with worker processes and across `torch.distributed` ranks; `identity` says what a store is built from and
-names it. The store's on-disk format is `puzzletron.dataset.formats.token_store`.
+names it; `cache` finds the store of an identity anywhere under a cache directory. The store's on-disk
+format is `puzzletron.dataset.formats.token_store`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.packing.sources import labels_from_mask, shift_labels
 from puzzletron.dataset.tokenize._workers import map_tasks
+from puzzletron.dataset.tokenize.cache import cache_path, find_store
 from puzzletron.dataset.tokenize.conversations import (
     TokenizedRows,
     TokenizedText,
@@ -31,6 +33,8 @@ __all__ = [
     "TokenizedText",
     "assistant_token_mask",
     "build_token_store",
+    "cache_path",
+    "find_store",
     "identity_sha256",
     "labels_from_mask",
     "load_tokenizer",

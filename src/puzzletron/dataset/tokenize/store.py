@@ -4,10 +4,11 @@
     store = TokenStore(path)          # puzzletron.dataset.formats.token_store
 
 The store (``docs/token-store-format.md``) is content-addressed: `store_identity` covers the split's
-files, the tokenizer, the options and the format version; with ``cache_dir`` it lives at
-``cache_dir/<first 16 hex digits of its SHA-256>``, with ``output`` where asked (a store of another
-identity there is an error naming what differs). A complete store of the same identity is reused without
-loading the tokenizer or reading a row.
+files, the tokenizer, the options and the format version. With ``output`` it lives where asked (a store
+of another identity there is an error naming what differs); with ``cache_dir`` a complete store of the
+same identity anywhere under it is reused (`puzzletron.dataset.tokenize.cache`: also one a user put at
+``cache_dir/puzzle-kd`` with ``output``), else one is built at ``cache_dir/<first 16 hex digits of its
+SHA-256>``. A complete store of the same identity is reused without loading the tokenizer or reading a row.
 
 Shards are fixed row ranges of the split (``rows_per_shard`` rows, part of the identity), so every byte
 and the manifest are the same for any ``num_proc`` and any world size. Building: under the destination's
@@ -34,6 +35,7 @@ import os
 import re
 import secrets
 import shutil
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -62,7 +64,8 @@ from puzzletron.dataset.formats.token_store import (
     token_dtype,
 )
 from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked, sibling_prefix, staging_dir
-from puzzletron.dataset.tokenize._workers import map_tasks
+from puzzletron.dataset.tokenize._workers import advance, map_tasks
+from puzzletron.dataset.tokenize.cache import cache_path
 from puzzletron.dataset.tokenize.conversations import (
     chat_tokenizer,
     check_columns,
@@ -138,6 +141,7 @@ def _build_shard(context: tuple[_Build, _Facts], shard: int) -> dict[str, Any]:
                 (part.input_ids, part.mask), part.offsets, np.flatnonzero(supervised)
             )
             writer.add(ids, mask, np.diff(offsets), part.sample_ids, supervised=supervised)
+            advance(len(part.offsets) - 1)  # rows, as each batch of the shard is written
         record = writer.finish(rows=(start, stop))
         fsync_tree(tmp)
         os.rename(tmp, _shard_dir(build, shard))
@@ -166,12 +170,17 @@ def _build_shards(
         else:
             done += rows[1] - rows[0]
     total = done + sum(_rows_of(build, facts, k)[1] - _rows_of(build, facts, k)[0] for k in todo)
-    if progress is not None:
+    if progress is None:
+        deque(map_tasks(_build_shard, (build, facts), todo, num_proc=num_proc), maxlen=0)
+        return
+    progress(done, total)
+
+    def rows_done(n: int) -> None:
+        nonlocal done
+        done += n
         progress(done, total)
-    for k, _ in zip(todo, map_tasks(_build_shard, (build, facts), todo, num_proc=num_proc), strict=True):
-        done += _rows_of(build, facts, k)[1] - _rows_of(build, facts, k)[0]
-        if progress is not None:
-            progress(done, total)
+
+    deque(map_tasks(_build_shard, (build, facts), todo, num_proc=num_proc, progress=rows_done), maxlen=0)
 
 
 def _build_dirs(dest: Path) -> list[Path]:
@@ -282,6 +291,12 @@ def _build_with_ranks(dist: Any, build: _Build, num_proc: int, progress: Any) ->
         raise ConfigError(
             f"the ranks ask for different token stores (identity hashes {sorted(set(digests))})"
         )
+    places = all_gather(dist, str(build.dest))
+    if len(set(places)) != 1:
+        raise SnapshotError(
+            f"the ranks locate this token store at different paths ({sorted(set(places))}): is the cache "
+            "directory one file system every rank sees?"
+        )
     with ExitStack() as lock:
         own: BaseException | None = None
         facts: _Facts | None = None
@@ -334,11 +349,12 @@ def build_token_store(
 ) -> Path:
     """Build or reuse the token store of `split` of `snapshot` (see the module docstring); its path.
 
-    Exactly one of ``output`` (the store directory) and ``cache_dir`` (the store goes to
-    ``cache_dir/<identity hash>``). ``options``: the messages and id columns and ``rows_per_shard`` (all
-    part of the identity). ``num_proc`` worker processes per rank; ``batch_size`` rows rendered and encoded
-    at a time. ``progress(done, total)`` is called with rows of this rank's shards as they finish (in this
-    process).
+    Exactly one of ``output`` (the store directory) and ``cache_dir`` (a store of this identity anywhere
+    under it, else ``cache_dir/<identity hash>``). ``options``: the messages and id columns and
+    ``rows_per_shard`` (all part of the identity). ``num_proc`` worker processes per rank; ``batch_size``
+    rows rendered and encoded at a time. ``progress(done, total)`` is called (in this process) with the
+    rows of this rank's shards written so far: once at the start (finished shards of an earlier run count
+    as done), then as each batch of ``batch_size`` rows is written (from workers: within 0.25 s).
     """
     if (output is None) == (cache_dir is None):
         raise ConfigError("give exactly one of output (the store directory) and cache_dir")
@@ -349,7 +365,7 @@ def build_token_store(
     text_split = open_split(snapshot, split)
     identity = store_identity(text_split, tokenizer=tokenizer, options=options)
     digest = identity_sha256(identity)
-    dest = Path(os.path.abspath(output if output is not None else Path(cache_dir) / digest[:16]))
+    dest = Path(os.path.abspath(output)) if output is not None else cache_path(cache_dir, identity)
     build = _Build(
         split=TextSplit(text_split.root.absolute(), split, text_split.folder.absolute(), text_split.manifest),
         dest=dest,

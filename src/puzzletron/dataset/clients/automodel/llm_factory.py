@@ -4,8 +4,9 @@
 
     dataset:
       _target_: puzzletron.dataset.clients.automodel.llm_factory.make_puzzletron_chat_dataset
-      dataset_path: snapshots/puzzle-kd        # a text snapshot folder (build_batches' `source`)
+      dataset_path: snapshots/puzzle-kd        # a text snapshot folder, or a token store (no tokenizer then)
       tokenizer_path: path/to/model            # the chat template and vocabulary to tokenise with
+      cache_dir: stores                        # tokenise once: the store of this identity found or built here
       split: train
       seq_length: 4096                         # row length: pack_size (packed) or max_sample_length
       layout: packed_varlen                    # fixed | padded_varlen | packed_varlen (default)
@@ -16,7 +17,12 @@
     model:
       use_cache: false                         # REQUIRED for packed_varlen with HF models, see below
 
-or a ``data:`` block instead of ``layout``/``seq_length``: ``data: {modality: text, layout: ...,
+With ``cache_dir`` (or a token store as ``dataset_path``) the recipe reads a token store
+(``docs/token-store-format.md``): tokenised once, then every rank and every run reads it; a store
+``puzzletron-data tokenize --output stores/puzzle-kd`` wrote is found there by its identity. Without either,
+every rank tokenises the split in memory on every run.
+
+Or a ``data:`` block instead of ``layout``/``seq_length``: ``data: {modality: text, layout: ...,
 max_sample_length: ..., packing: {pack_size: ...}}`` (`PuzzletronDataSpec.from_mapping`). AutoModel resolves
 ``_target_`` outside its own packages only for imported modules: set ``NEMO_ENABLE_USER_MODULES=1`` (or import
 this module before loading the config).
@@ -56,7 +62,7 @@ from puzzletron.dataset.batch import IGNORE_INDEX, DataLayout, Modality, Puzzlet
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
 from puzzletron.dataset.distributed import BatchKey
 from puzzletron.dataset.errors import ConfigError
-from puzzletron.dataset.pipelines.text import TextBatches, build_batches
+from puzzletron.dataset.pipelines.text import TextBatches, build_batches, is_token_store
 
 __all__ = ["ChatRows", "make_puzzletron_chat_dataset", "resolve_text_spec"]
 
@@ -165,24 +171,30 @@ def make_puzzletron_chat_dataset(
     pad_to_multiple_of: int = 1,
     num_proc: int = 1,
     options: Mapping[str, Any] | TokenizeOptions | None = None,
+    cache_dir: str | Path | None = None,
 ) -> ChatRows:
     """AutoModel LLM dataset `_target_`: a text snapshot -> `ChatRows` in one `PuzzletronDataSpec` layout.
 
-    ``dataset_path``: anything `build_batches` reads as ``source`` (a Puzzle-KD snapshot folder, a saved
-    ``datasets`` split, rows with a ``messages`` column). ``split``, ``seed`` (packing order and the row
-    order), ``shuffle``, ``pad_to_multiple_of``, ``num_proc``: as in `build_batches`; ``options``: a
-    `TokenizeOptions` or its mapping (``{messages_field: ..., id_field: ...}`` in YAML).
-    ``tokenizer_path`` (required): the tokenizer folder or Hub id whose chat template tokenises the
-    conversations (assistant turns supervised, labels shifted). Spec: ``data`` or the flat
-    ``seq_length``/``layout``/``pack_size``/``drop_long_samples`` (`resolve_text_spec`). ``num_samples``:
-    keep the first N items (packs for ``packed_varlen``, samples otherwise); more than there are is an error.
+    ``dataset_path``: anything `build_batches` reads as ``source`` (a Puzzle-KD snapshot folder, a token
+    store, a saved ``datasets`` split, rows with a ``messages`` column). ``cache_dir``: tokenise a snapshot
+    once into a token store there, or reuse the one of the same identity found anywhere under it (as in
+    `build_batches`; under ``torch.distributed`` every rank calls the factory and the ranks share the
+    build). ``split``, ``seed`` (packing order and the row order), ``shuffle``, ``pad_to_multiple_of``,
+    ``num_proc``: as in `build_batches`; ``options``: a `TokenizeOptions` or its mapping
+    (``{messages_field: ..., id_field: ...}`` in YAML). ``tokenizer_path`` (required unless
+    ``dataset_path`` is a token store): the tokenizer folder (a Hub id only without ``cache_dir``) whose
+    chat template tokenises the conversations (assistant turns supervised, labels shifted). Spec: ``data``
+    or the flat ``seq_length``/``layout``/``pack_size``/``drop_long_samples`` (`resolve_text_spec`).
+    ``num_samples``: keep the first N items (packs for ``packed_varlen``, samples otherwise); more than
+    there are is an error.
     A superset of the original ``make_puzzletron_chat_dataset(dataset_path, split, seq_length, seed,
     num_samples)``: the added options are keyword-only.
     """
-    if tokenizer_path is None:
+    if tokenizer_path is None and not is_token_store(dataset_path):
         raise ConfigError(
-            "tokenizer_path is required: the chat template to tokenise with (AutoModel's own tokenizer "
-            "wrapper adds BOS/EOS, so the factory does not take it)"
+            f"tokenizer_path is required: {dataset_path} is not a token store, and its conversations are "
+            "tokenised with this chat template (AutoModel's own tokenizer wrapper adds BOS/EOS, so the "
+            "factory does not take it)"
         )
     seed = require_seed(seed, error=ConfigError)
     require_bool(shuffle, "shuffle", error=ConfigError)
@@ -204,6 +216,7 @@ def make_puzzletron_chat_dataset(
         pad_to_multiple_of=pad_to_multiple_of,
         num_proc=num_proc,
         options=TokenizeOptions.from_mapping(options),
+        cache_dir=cache_dir,
     )
     keys = [batches.sampler.key(step) for step in range(len(batches.sampler))]
     if num_samples is not None:

@@ -6,6 +6,7 @@ block checksums every reader verifies on first read: `puzzletron.dataset.formats
 from __future__ import annotations
 
 from puzzletron.dataset.formats.token_store._layout import (
+    LENGTHS,
     TOKEN_STORE_FORMAT,
     TOKEN_STORE_VERSION,
     read_complete_manifest,
@@ -25,6 +26,7 @@ from puzzletron.dataset.formats.token_store.writer import (
 )
 
 __all__ = [
+    "LENGTHS",
     "RECORD",
     "TOKEN_STORE_FORMAT",
     "TOKEN_STORE_VERSION",

@@ -22,7 +22,6 @@ touches (a few bytes a sample), the checksums (8 bytes a block) and one byte a b
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -264,5 +263,8 @@ class TokenStore:
         return state
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit `os` may be gone already
-            self.close()
+        # At interpreter exit this module's globals may already be None: use only the builtins (the
+        # pinned files close themselves the same way, `LocalFiles.__del__`).
+        files = self.__dict__.get("_files")
+        if files is not None:
+            files.__del__()

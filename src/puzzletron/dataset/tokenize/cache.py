@@ -1,0 +1,81 @@
+"""Where the token store of an identity lives in a cache directory: wherever it already is, else at its hash.
+
+With a ``cache_dir`` (`build_token_store`, `build_batches`, ``puzzletron-data tokenize --cache-dir``) a
+complete store of the wanted identity is reused wherever it lies under that directory: at
+``<cache_dir>/<16 hex digits of its identity hash>`` (where a build with ``cache_dir`` puts one), or at any
+path a user chose, such as ``puzzletron-data tokenize ... --output <cache_dir>/puzzle-kd``. So one store is
+never built twice. Only when none is found is a new one built at ``<cache_dir>/<hash>``.
+
+The search reads manifests only: it looks at the hashed name first, then walks the directory in sorted
+order without entering a folder that holds a ``manifest.json`` (a store, a snapshot), a hidden folder (build
+and transaction directories) or a symbolic link. A manifest whose ``identity_sha256`` matches is taken
+when its full identity is equal and the store is complete (every file there with its size); an incomplete
+one is passed over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.formats.manifest import MANIFEST
+from puzzletron.dataset.formats.token_store import read_complete_manifest
+from puzzletron.dataset.tokenize.identity import identity_sha256
+
+__all__ = ["cache_path", "find_store"]
+
+_LOG = logging.getLogger(__name__)
+
+
+def _matches(folder: Path, identity: Mapping[str, Any], digest: str) -> bool:
+    """Whether ``folder`` holds a complete token store of ``identity`` (its manifest's hash first)."""
+    try:
+        with open(folder / MANIFEST, "rb") as handle:
+            recorded = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(recorded, dict) or recorded.get("identity_sha256") != digest:
+        return False
+    try:
+        complete = read_complete_manifest(folder)
+    except SnapshotError as exc:
+        _LOG.warning(
+            "passing over %s, a token store of the wanted identity that is not complete: %s", folder, exc
+        )
+        return False
+    return complete.get("identity") == identity
+
+
+def find_store(cache_dir: str | Path, identity: Mapping[str, Any]) -> Path | None:
+    """The complete token store of ``identity`` under ``cache_dir`` (absolute), or None (module doc)."""
+    root = Path(os.path.abspath(cache_dir))
+    digest = identity_sha256(identity)
+    named = root / digest[:16]
+    if (named / MANIFEST).is_file() and _matches(named, identity, digest):
+        return named
+    if not root.is_dir():
+        return None
+    for folder, subfolders, files in os.walk(root):
+        if MANIFEST in files:
+            subfolders.clear()  # a store or a snapshot: nothing to find inside it
+            if _matches(Path(folder), identity, digest):
+                return Path(folder)
+            continue
+        subfolders[:] = sorted(
+            name
+            for name in subfolders
+            if not name.startswith(".") and not os.path.islink(os.path.join(folder, name))
+        )
+    return None
+
+
+def cache_path(cache_dir: str | Path, identity: Mapping[str, Any]) -> Path:
+    """Where the store of ``identity`` is in ``cache_dir``: the one found (`find_store`), else
+    ``<cache_dir>/<16 hex digits of its identity hash>`` (absolute)."""
+    found = find_store(cache_dir, identity)
+    return found if found is not None else Path(os.path.abspath(cache_dir)) / identity_sha256(identity)[:16]
