@@ -16,6 +16,7 @@ import itertools
 import logging
 import random
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -168,17 +169,22 @@ def _screen(
     return table.take(pa.array(keep, type=pa.int64()))
 
 
-def _hub_split_table(
-    spec: TextAcquisitionSpec,
-    split: str,
-    revision: str,
-    seed: int,
-    count: int,
-    rejected: list[dict[str, Any]],
-) -> pa.Table:
+@dataclass(frozen=True)
+class _Want:
+    """What one split of a snapshot asks for: `count` rows of `split` at `revision`, shuffled with `seed`."""
+
+    spec: TextAcquisitionSpec
+    split: str
+    revision: str
+    seed: int
+    count: int
+
+
+def _hub_split_table(want: _Want, rejected: list[dict[str, Any]]) -> pa.Table:
     """`count` rows of `split`, shuffled with `seed`: shards in a seeded order, row groups in a seeded
     order, rows shuffled within each, rows that fail `_screen` left out; only the shards needed are
     downloaded."""
+    spec, split, revision, seed, count = want.spec, want.split, want.revision, want.seed, want.count
     source = spec.source
     rng = random.Random(seed)
     shards = parquet_shards(source, revision, split)
@@ -198,15 +204,10 @@ def _hub_split_table(
 
 
 def _loader_table(
-    loader: Callable[..., Iterable[Mapping[str, Any]]],
-    spec: TextAcquisitionSpec,
-    split: str,
-    revision: str,
-    seed: int,
-    count: int,
-    rejected: list[dict[str, Any]],
+    loader: Callable[..., Iterable[Mapping[str, Any]]], want: _Want, rejected: list[dict[str, Any]]
 ) -> pa.Table:
     """`count` rows from the injected loader, rows that fail `_screen` left out (more are taken)."""
+    spec, split, revision, seed, count = want.spec, want.split, want.revision, want.seed, want.count
     source = spec.source
     rows_in = iter(loader(source, split=split, revision=revision, seed=seed))
     parts, have = [], 0
@@ -265,12 +266,11 @@ def materialize_puzzle_kd_dataset(
                 ("train", spec.train_samples, spec.seed),
                 ("validation", spec.validation_samples, spec.seed + 1),
             ):
+                want = _Want(spec, split, revision, seed, count)
                 if dataset_loader is None:
-                    tables[split] = _hub_split_table(spec, split, revision, seed, count, rejected)
+                    tables[split] = _hub_split_table(want, rejected)
                 else:
-                    tables[split] = _loader_table(
-                        dataset_loader, spec, split, revision, seed, count, rejected
-                    )
+                    tables[split] = _loader_table(dataset_loader, want, rejected)
                 _check_messages(tables[split], f"{spec.source}@{revision} split {split!r}")
             diagnostics = {"rejected_rows": rejected} if rejected else None
             manifest = write_text_snapshot(tmp, tables, acquisition=identity, diagnostics=diagnostics)
