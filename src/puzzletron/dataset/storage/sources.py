@@ -1,10 +1,10 @@
 """Where a format reader gets its bytes: the `ByteSource` protocol and `open_source`.
 
 Every byte a format reader serves comes through a `ByteSource` (``docs/architecture.md``: formats reach
-storage only through this package), so the readers do not know the medium. Today there is one
-implementation, `puzzletron.dataset.storage.local.LocalFiles` (local and shared POSIX file systems);
-another medium (object storage by URL scheme) is one more implementation and one more branch of
-`open_source`.
+storage only through this package), so the readers do not know the medium. Two implementations:
+`puzzletron.dataset.storage.local.LocalFiles` (local and shared POSIX file systems) and
+`puzzletron.dataset.storage.remote.RemoteFiles` (object storage by URL: ``s3://bucket/prefix`` and any
+fsspec scheme with a backend installed); `open_source` picks one by the location's form.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from puzzletron.dataset.storage.local import LocalFiles
+from puzzletron.dataset.storage.objects import is_url
 
-__all__ = ["ByteSource", "open_source"]
+__all__ = ["ByteSource", "location_name", "open_source"]
 
 
 @runtime_checkable
@@ -43,6 +44,18 @@ class ByteSource(Protocol):
     def close(self) -> None: ...
 
 
-def open_source(location: str | Path) -> ByteSource:
-    """The `ByteSource` of the directory at `location` (a local path: `LocalFiles`)."""
+def open_source(location: str | Path, **remote: Any) -> ByteSource:
+    """The `ByteSource` of the directory or URL prefix at `location`: `LocalFiles` for a path,
+    `RemoteFiles` (with the keyword arguments `remote`: ``cache``, ``chunk_size``) for an URL."""
+    if is_url(location):
+        from puzzletron.dataset.storage.remote import RemoteFiles
+
+        return RemoteFiles(str(location), **remote)
+    if isinstance(location, str) and location.startswith("file://"):
+        location = location[len("file://") :]
     return LocalFiles(location)
+
+
+def location_name(location: str | Path) -> str:
+    """The last component of a path or URL (what a store is called in messages and cache names)."""
+    return str(location).rstrip("/").rsplit("/", 1)[-1] if is_url(location) else Path(location).name

@@ -10,7 +10,8 @@ The search reads manifests only: it looks at the hashed name first, then walks t
 order without entering a folder that holds a ``manifest.json`` (a store, a snapshot), a hidden folder (build
 and transaction directories) or a symbolic link. A manifest whose ``identity_sha256`` matches is taken
 when its full identity is equal and the store is complete (every file there with its size); an incomplete
-one is passed over.
+one is passed over. Under an URL prefix (``s3://bucket/stores``) the same rules hold, read from one
+listing of the prefix.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats.manifest import MANIFEST
 from puzzletron.dataset.formats.token_store import read_complete_manifest
+from puzzletron.dataset.storage.objects import Objects, is_url, join_url
+from puzzletron.dataset.storage.remote import RemoteFiles
 from puzzletron.dataset.tokenize.identity import identity_sha256
 
 __all__ = ["cache_path", "find_store"]
@@ -51,10 +54,52 @@ def _matches(folder: Path, identity: Mapping[str, Any], digest: str) -> bool:
     return complete.get("identity") == identity
 
 
-def find_store(cache_dir: str | Path, identity: Mapping[str, Any]) -> Path | None:
-    """The complete token store of ``identity`` under ``cache_dir`` (absolute), or None (module doc)."""
-    root = Path(os.path.abspath(cache_dir))
+def _matches_remote(url: str, identity: Mapping[str, Any], digest: str) -> bool:
+    """`_matches` for a store on object storage."""
+    try:
+        raw = RemoteFiles(url, cache=None).read_bytes(MANIFEST)
+        recorded = json.loads(raw)
+    except (SnapshotError, ValueError):
+        return False
+    if not isinstance(recorded, dict) or recorded.get("identity_sha256") != digest:
+        return False
+    try:
+        complete = read_complete_manifest(url)
+    except SnapshotError as exc:
+        _LOG.warning("passing over %s, a token store of the wanted identity that is not complete: %s", url, exc)
+        return False
+    return complete.get("identity") == identity
+
+
+def _find_remote(cache_dir: str, identity: Mapping[str, Any], digest: str) -> str | None:
+    """`find_store` under an URL prefix: one listing; manifests inside a store or a hidden folder are not
+    looked at."""
+    cache_dir = cache_dir.rstrip("/")
+    folders = {
+        rel[: -len(MANIFEST)].rstrip("/")
+        for rel in Objects(cache_dir).list()
+        if rel == MANIFEST or rel.endswith("/" + MANIFEST)
+    }
+
+    def visible(folder: str) -> bool:  # not hidden, not inside another folder holding a manifest
+        parts = folder.split("/") if folder else []
+        return not any(p.startswith(".") for p in parts) and not any(
+            "/".join(parts[:i]) in folders for i in range(len(parts))
+        )
+
+    for folder in sorted(filter(visible, folders), key=lambda f: (f != digest[:16], f)):
+        url = join_url(cache_dir, folder) if folder else cache_dir
+        if _matches_remote(url, identity, digest):
+            return url
+    return None
+
+
+def find_store(cache_dir: str | Path, identity: Mapping[str, Any]) -> Path | str | None:
+    """The complete token store of ``identity`` under ``cache_dir`` (absolute; an URL prefix gives an URL),
+    or None (module doc)."""
     digest = identity_sha256(identity)
+    if is_url(cache_dir):
+        return _find_remote(str(cache_dir), identity, digest)
     named = root / digest[:16]
     if (named / MANIFEST).is_file() and _matches(named, identity, digest):
         return named
@@ -74,8 +119,12 @@ def find_store(cache_dir: str | Path, identity: Mapping[str, Any]) -> Path | Non
     return None
 
 
-def cache_path(cache_dir: str | Path, identity: Mapping[str, Any]) -> Path:
+def cache_path(cache_dir: str | Path, identity: Mapping[str, Any]) -> Path | str:
     """Where the store of ``identity`` is in ``cache_dir``: the one found (`find_store`), else
-    ``<cache_dir>/<16 hex digits of its identity hash>`` (absolute)."""
+    ``<cache_dir>/<16 hex digits of its identity hash>`` (absolute; an URL for an URL)."""
     found = find_store(cache_dir, identity)
-    return found if found is not None else Path(os.path.abspath(cache_dir)) / identity_sha256(identity)[:16]
+    if found is not None:
+        return found
+    if is_url(cache_dir):
+        return join_url(str(cache_dir), identity_sha256(identity)[:16])
+    return Path(os.path.abspath(cache_dir)) / identity_sha256(identity)[:16]

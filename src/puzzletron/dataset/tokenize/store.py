@@ -64,6 +64,8 @@ from puzzletron.dataset.formats.token_store import (
     token_dtype,
 )
 from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked, sibling_prefix, staging_dir
+from puzzletron.dataset.storage.objects import is_url
+from puzzletron.dataset.tokenize import _remote_store as _remote
 from puzzletron.dataset.tokenize._workers import advance, map_tasks
 from puzzletron.dataset.tokenize.cache import cache_path
 from puzzletron.dataset.tokenize.conversations import (
@@ -84,7 +86,7 @@ class _Build:
     one) and the identity, hashed once."""
 
     split: TextSplit
-    dest: Path
+    dest: Path | str  # a directory, or an URL prefix (object storage: `_remote_store`)
     identity: dict[str, Any]
     digest: str  # identity_sha256(identity)
     tokenizer: Any
@@ -92,8 +94,15 @@ class _Build:
     batch_size: int
 
     @property
+    def remote(self) -> bool:
+        return isinstance(self.dest, str)
+
+    @property
     def build_dir(self) -> Path:
-        """``<parent>/.<name>.build-<16 hex of the identity>`` (the name a digest when too long)."""
+        """``<parent>/.<name>.build-<16 hex of the identity>`` (the name a digest when too long); for a store
+        on object storage, the node's local scratch folder (shards are uploaded as they finish)."""
+        if isinstance(self.dest, str):
+            return _remote.scratch_dir(self.digest)
         return self.dest.parent / f"{sibling_prefix(self.dest, 'build')}{self.digest[:16]}"
 
 
@@ -128,7 +137,7 @@ def _build_shard(context: tuple[_Build, _Facts], shard: int) -> dict[str, Any]:
     build, facts = context
     start, stop = _rows_of(build, facts, shard)
     tmp = build.build_dir / f"tmp-{shard:06d}-{secrets.token_hex(8)}"
-    tmp.mkdir()
+    tmp.mkdir(parents=build.remote)  # a remote build's scratch folder is this node's own
     try:
         writer = ShardWriter(tmp, facts.dtype)
         parts = tokenize_rows(
@@ -143,6 +152,10 @@ def _build_shard(context: tuple[_Build, _Facts], shard: int) -> dict[str, Any]:
             writer.add(ids, mask, np.diff(offsets), part.sample_ids, supervised=supervised)
             advance(len(part.offsets) - 1)  # rows, as each batch of the shard is written
         record = writer.finish(rows=(start, stop))
+        if isinstance(build.dest, str):
+            _remote.upload_shard(build.dest, build.digest, shard, tmp, record)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return record
         fsync_tree(tmp)
         os.rename(tmp, _shard_dir(build, shard))
     except BaseException:
@@ -162,9 +175,19 @@ def _build_shards(
 ) -> None:
     """Build the shards of `shards` that are not finished yet, `num_proc` processes at a time."""
     todo, done = [], 0
+    uploaded = (
+        _remote.finished_shards(build.dest, build.digest, {k: _rows_of(build, facts, k) for k in shards})
+        if isinstance(build.dest, str)
+        else None
+    )
     for k in shards:
         rows = _rows_of(build, facts, k)
-        if read_shard_record(_shard_dir(build, k), rows) is None:
+        if uploaded is not None:
+            if k in uploaded:
+                done += rows[1] - rows[0]
+            else:
+                todo.append(k)
+        elif read_shard_record(_shard_dir(build, k), rows) is None:
             shutil.rmtree(_shard_dir(build, k), ignore_errors=True)  # a damaged finished shard: build again
             todo.append(k)
         else:
@@ -194,8 +217,8 @@ def _build_dirs(dest: Path) -> list[Path]:
 
 def _drop_if_empty(build: _Build) -> None:
     """Remove the build directory when it holds no finished shard (a failed run leaves no empty debris);
-    finished shards are kept for the rerun."""
-    if build.build_dir.is_dir() and not any(build.build_dir.glob("shard-*")):
+    finished shards are kept for the rerun (on object storage they are uploaded: the scratch folder goes)."""
+    if build.build_dir.is_dir() and (build.remote or not any(build.build_dir.glob("shard-*"))):
         shutil.rmtree(build.build_dir, ignore_errors=True)
 
 
@@ -214,11 +237,17 @@ def _reusable(build: _Build) -> bool:
     """True when the destination holds a complete store of this identity; False when it holds nothing;
     else an error."""
     dest = build.dest
-    if not (dest / MANIFEST).is_file():
+    if isinstance(dest, str):
+        published = _remote.published_manifest(dest)
+        if published is None:
+            return False
+        recorded = published.get("identity")
+    elif not (dest / MANIFEST).is_file():
         if dest.is_dir() and any(dest.iterdir()):
             raise SnapshotError(f"{dest}: directory is not empty and holds no token store ({MANIFEST})")
         return False
-    recorded = read_complete_manifest(dest).get("identity")
+    else:
+        recorded = read_complete_manifest(dest).get("identity")
     if recorded != build.identity:
         differences = identity_differences(recorded, build.identity)
         raise SnapshotError(
@@ -236,14 +265,20 @@ def _prepare(build: _Build) -> _Facts:
     rows = build.split.load()
     check_columns(rows, build.options)
     build.split.check_bytes()
-    _sweep(build.dest, keep=build.build_dir)
-    build.build_dir.mkdir(exist_ok=True)
+    if not build.remote:
+        _sweep(build.dest, keep=build.build_dir)  # type: ignore[arg-type]
+    build.build_dir.mkdir(parents=build.remote, exist_ok=True)
     return _Facts(rows=len(rows), vocab_size=len(tok), pad_token_id=pad_token_id(tok))
 
 
 def _publish(build: _Build, facts: _Facts) -> None:
-    """Assemble the finished shards into a transaction directory and publish it (hold `locked(dest)`)."""
+    """Assemble the finished shards into a transaction directory and publish it (hold `locked(dest)`; on
+    object storage: upload the index and write the manifest once, `_remote_store.publish`)."""
     shards = range(_shards(build, facts))
+    if isinstance(build.dest, str):
+        rows = [_rows_of(build, facts, k) for k in shards]
+        _remote.publish(build.dest, build.digest, rows, fields=_fields(build, facts), scratch=build.build_dir)
+        return
     records = [read_shard_record(_shard_dir(build, k), _rows_of(build, facts, k)) for k in shards]
     missing = [k for k, record in enumerate(records) if record is None]
     if missing:
@@ -251,10 +286,17 @@ def _publish(build: _Build, facts: _Facts) -> None:
             f"{build.build_dir}: shards {missing[:8]} are missing after every rank built its own; is the "
             "build directory on a file system every rank shares?"
         )
+    with staging_dir(build.dest) as tmp:
+        assemble_store(tmp, [_shard_dir(build, k) for k in shards], records, fields=_fields(build, facts))
+    shutil.rmtree(build.build_dir, ignore_errors=True)
+
+
+def _fields(build: _Build, facts: _Facts) -> dict[str, Any]:
+    """The manifest's identity and tokenizer facts."""
     import tokenizers
     import transformers
 
-    fields = {
+    return {
         "identity": build.identity,
         "identity_sha256": build.digest,
         "token_dtype": facts.dtype,
@@ -263,12 +305,19 @@ def _publish(build: _Build, facts: _Facts) -> None:
         "rows_per_shard": build.options.rows_per_shard,
         "built_with": {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__},
     }
-    with staging_dir(build.dest) as tmp:
-        assemble_store(tmp, [_shard_dir(build, k) for k in shards], records, fields=fields)
-    shutil.rmtree(build.build_dir, ignore_errors=True)
 
 
 def _build_here(build: _Build, num_proc: int, progress: Any) -> None:
+    if build.remote:  # no lock on object storage: the manifest is written once (`_remote_store`)
+        if _reusable(build):
+            return
+        try:
+            facts = _prepare(build)
+            _build_shards(build, facts, range(_shards(build, facts)), num_proc=num_proc, progress=progress)
+            _publish(build, facts)
+        finally:
+            _drop_if_empty(build)
+        return
     if _reusable(build) and not _build_dirs(build.dest):
         return
     with locked(build.dest):
@@ -302,9 +351,11 @@ def _build_with_ranks(dist: Any, build: _Build, num_proc: int, progress: Any) ->
         facts: _Facts | None = None
         if rank == 0:
             try:
-                lock.enter_context(locked(build.dest))
+                if not build.remote:  # object storage needs no lock (`_remote_store`)
+                    lock.enter_context(locked(build.dest))
                 if _reusable(build):
-                    _sweep(build.dest)
+                    if not build.remote:
+                        _sweep(build.dest)  # type: ignore[arg-type]
                 else:
                     facts = _prepare(build)
             except Exception as exc:
@@ -326,6 +377,8 @@ def _build_with_ranks(dist: Any, build: _Build, num_proc: int, progress: Any) ->
                 except Exception as exc:
                     own = exc
             published = broadcast(dist, describe(own))
+            if build.remote:
+                _drop_if_empty(build)
             raise_first([published], own, "publishing the token store", error=SnapshotError)
     try:
         read_complete_manifest(build.dest)
@@ -346,11 +399,13 @@ def build_token_store(
     num_proc: int = 1,
     batch_size: int = 1024,
     progress: Callable[[int, int], None] | None = None,
-) -> Path:
+) -> Path | str:
     """Build or reuse the token store of `split` of `snapshot` (see the module docstring); its path.
 
     Exactly one of ``output`` (the store directory) and ``cache_dir`` (a store of this identity anywhere
-    under it, else ``cache_dir/<identity hash>``). ``options``: the messages and id columns and
+    under it, else ``cache_dir/<identity hash>``); either may be an URL (``s3://bucket/stores``: the store
+    is built on object storage without a shared file system or a lock, `_remote_store`, and its URL is
+    returned). ``options``: the messages and id columns and
     ``rows_per_shard`` (all part of the identity). ``num_proc`` worker processes per rank; ``batch_size``
     rows rendered and encoded at a time. ``progress(done, total)`` is called (in this process) with the
     rows of this rank's shards written so far: once at the start (finished shards of an earlier run count
@@ -365,7 +420,10 @@ def build_token_store(
     text_split = open_split(snapshot, split)
     identity = store_identity(text_split, tokenizer=tokenizer, options=options)
     digest = identity_sha256(identity)
-    dest = Path(os.path.abspath(output)) if output is not None else cache_path(cache_dir, identity)
+    if output is not None:
+        dest: Path | str = output.rstrip("/") if is_url(output) else Path(os.path.abspath(output))
+    else:
+        dest = cache_path(cache_dir, identity)
     build = _Build(
         split=TextSplit(text_split.root.absolute(), split, text_split.folder.absolute(), text_split.manifest),
         dest=dest,

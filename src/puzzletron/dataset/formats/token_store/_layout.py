@@ -18,7 +18,9 @@ import numpy as np
 
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
-from puzzletron.dataset.formats.manifest import MANIFEST, canonical_sha256, check_file, load_json
+from puzzletron.dataset.formats.manifest import MANIFEST, canonical_sha256, check_file, load_json, parse_json
+from puzzletron.dataset.storage.objects import is_url, join_url
+from puzzletron.dataset.storage.sources import ByteSource, open_source
 
 __all__ = [
     "BLOCKS",
@@ -247,21 +249,37 @@ def block_files(manifest: Mapping[str, Any]) -> list[tuple[str, int]]:
     return [(r["path"], r["bytes"]) for r in manifest["files"] if r["path"] != BLOCKS]
 
 
-def load_store_manifest(root: Path) -> dict[str, Any]:
-    """The token store manifest at `root`, every field checked (`check_manifest`), no other file read."""
-    where = root / MANIFEST
-    return check_manifest(load_json(where, "the manifest"), where)
+def load_store_manifest(root: str | Path, source: ByteSource | None = None) -> dict[str, Any]:
+    """The token store manifest at `root` (a path or an URL; read through `source` when given), every
+    field checked (`check_manifest`), no other file read."""
+    if source is None and not is_url(root):
+        where = Path(root) / MANIFEST
+        return check_manifest(load_json(where, "the manifest"), where)
+    source = source if source is not None else open_source(root)
+    where: Any = join_url(str(root), MANIFEST) if is_url(root) else Path(root) / MANIFEST
+    try:
+        raw = source.read_bytes(MANIFEST)
+    except SnapshotError as exc:
+        raise SnapshotError(f"{where}: the manifest is missing ({exc})") from None
+    try:
+        return check_manifest(parse_json(raw, "the manifest"), where)
+    except ValueError as exc:
+        if isinstance(exc, SnapshotError):
+            raise
+        raise SnapshotError(f"{where}: {exc}") from None
 
 
-def read_complete_manifest(path: str | Path) -> dict[str, Any]:
-    """The manifest of the complete token store at `path`; `SnapshotError` saying what is wrong otherwise.
+def read_complete_manifest(path: str | Path, source: ByteSource | None = None) -> dict[str, Any]:
+    """The manifest of the complete token store at `path` (a directory or an URL prefix, read through
+    `source` when given); `SnapshotError` saying what is wrong otherwise.
 
     Checks every manifest field (`check_manifest`), that ``files`` lists exactly this layout's files in
     sorted order, and that each is there with its recorded size, the size the counts imply (a truncated or
-    extended shard is refused here). Reads no token.
+    extended shard is refused here). Reads no token. On object storage the sizes come from one listing.
     """
-    root = Path(path).absolute()
-    manifest = load_store_manifest(root)
+    remote = is_url(path)
+    root: Any = str(path).rstrip("/") if remote else Path(path).absolute()
+    manifest = load_store_manifest(root, source)
     sizes = expected_sizes(manifest)
     paths = [r["path"] for r in manifest["files"]]
     if paths != sorted(sizes):
@@ -270,11 +288,19 @@ def read_complete_manifest(path: str | Path) -> dict[str, Any]:
             f"{root}: the manifest's files are not this layout's (missing {missing}, unexpected {extra}, "
             "or out of order)"
         )
+    if remote and source is None:
+        source = open_source(root)
     problems = []
     for record in manifest["files"]:
         rel = record["path"]
         try:
-            check_file(root, record, within=WITHIN)
+            if remote:
+                found = source.size(rel)  # type: ignore[union-attr]
+                if found != record["bytes"]:
+                    raise SnapshotError(f"{root}: {rel} has {found} bytes, the manifest records "
+                                        f"{record['bytes']} (truncated or replaced)")  # fmt: skip
+            else:
+                check_file(root, record, within=WITHIN)
         except SnapshotError as exc:
             problems.append(str(exc))
             continue

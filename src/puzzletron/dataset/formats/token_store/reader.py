@@ -33,8 +33,9 @@ from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
 from puzzletron.dataset.formats.token_store import _layout as layout
 from puzzletron.dataset.formats.token_store._layout import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
-from puzzletron.dataset.storage.local import LocalFiles, pread_into
-from puzzletron.dataset.storage.sources import ByteSource
+from puzzletron.dataset.storage.local import pread_into
+from puzzletron.dataset.storage.objects import is_url
+from puzzletron.dataset.storage.sources import ByteSource, open_source
 
 __all__ = ["TOKEN_STORE_FORMAT", "TOKEN_STORE_VERSION", "TokenStore", "pread_into", "read_strings"]
 
@@ -78,10 +79,11 @@ def _ragged_arange(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 class TokenStore:
-    """A read-only view of the token store at `path` (see the module docstring).
+    """A read-only view of the token store at `path`: a directory, or an URL prefix (``s3://bucket/store``,
+    read through the node's object cache: `puzzletron.dataset.storage.remote`). See the module docstring.
 
     Attributes:
-        path: the store directory (absolute).
+        path: the store directory (absolute), or its URL (a string).
         manifest: its parsed ``manifest.json`` (every field checked).
         num_tokens: tokens over all samples; pad_token_id: the id batches pad with; skipped: rows the
             build skipped (no supervised token), whose ids `skipped_ids` returns.
@@ -90,9 +92,10 @@ class TokenStore:
     workers) and refuses files that are not the pinned ones.
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path).absolute()
-        self.manifest = layout.read_complete_manifest(self.path)
+    def __init__(self, path: str | Path, *, source: ByteSource | None = None) -> None:
+        self.path: Any = path.rstrip("/") if is_url(path) else Path(path).absolute()  # type: ignore[union-attr]
+        self._files = source if source is not None else open_source(self.path)
+        self.manifest = layout.read_complete_manifest(self.path, self._files if is_url(self.path) else None)
         counts = self.manifest["counts"]
         self.num_tokens: int = counts["tokens"]
         self.skipped: int = counts["skipped"]
@@ -102,7 +105,6 @@ class TokenStore:
         self._vocab: int = self.manifest["vocab_size"]
         shards = self.manifest["shards"]
         self._bounds = np.asarray([s["tokens"][0] for s in shards] + [self.num_tokens], dtype=np.int64)
-        self._files = LocalFiles(self.path)
         for record in self.manifest["files"]:  # pinned before a byte is read: later opens must find them
             self._files.pin(record["path"])
         blocks_record = next(r for r in self.manifest["files"] if r["path"] == layout.BLOCKS)

@@ -192,13 +192,19 @@ def _append_file(out: _HashingFile, source: Path) -> None:
 
 
 def assemble_store(
-    tmp: Path, shard_dirs: Sequence[Path], records: Sequence[Mapping[str, Any]], *, fields: Mapping[str, Any]
+    tmp: Path,
+    shard_dirs: Sequence[Path],
+    records: Sequence[Mapping[str, Any]],
+    *,
+    fields: Mapping[str, Any],
+    link_shards: bool = True,
 ) -> dict[str, Any]:
     """Write the store into the empty directory `tmp` from finished shards (`shard_dirs`, with their
     `records`, in shard order); `fields` are the manifest's identity and tokenizer facts (``identity``,
     ``identity_sha256``, ``token_dtype``, ``vocab_size``, ``pad_token_id``, ``rows_per_shard``,
     ``built_with``). The index is written shard by shard (memory: one shard's index). Returns the manifest,
-    written last."""
+    written last. ``link_shards=False``: the shards' token and mask files are not there (on object storage
+    they are uploaded already); only the index, the checksums and the manifest are written."""
     for rel in (layout.OFFSETS, layout.SKIPPED_OFFSETS, layout.tokens_name(0)):
         (tmp / rel).parent.mkdir(exist_ok=True)
     out = {
@@ -229,7 +235,8 @@ def assemble_store(
             _append_file(out[strings], directory / f"{name}.bin")
         parts = (("tokens", layout.tokens_name(k)), ("mask", layout.mask_name(k)))
         for (part, rel), part_sums in zip(parts, _shard_sums(directory, record), strict=True):
-            _link(directory / part, tmp / rel)
+            if link_shards:
+                _link(directory / part, tmp / rel)
             files.append({"path": rel, **record["files"][part]})
             sums[rel] = part_sums
         shard = {
