@@ -67,14 +67,25 @@ def _existing(args: argparse.Namespace, options: Any) -> Path | None:
     """The complete store this run would reuse, if there is one (read before building)."""
     from puzzletron.dataset.formats import MANIFEST
     from puzzletron.dataset.formats.text_snapshot import open_split
+    from puzzletron.dataset.storage.objects import is_url
     from puzzletron.dataset.tokenize import find_store, store_identity
 
+    if args.output is not None and is_url(args.output):
+        return args.output if _remote_manifest(args.output) else None
     if args.output is not None:
         return Path(args.output) if (Path(args.output) / MANIFEST).is_file() else None
     identity = store_identity(
         open_split(args.snapshot, args.split), tokenizer=args.tokenizer, options=options
     )
     return find_store(args.cache_dir, identity)
+
+
+def _remote_manifest(url: str) -> bool:
+    """Whether a manifest is published at the URL prefix."""
+    from puzzletron.dataset.formats import MANIFEST
+    from puzzletron.dataset.storage.objects import Objects
+
+    return MANIFEST in Objects(url).list()
 
 
 def _refuse_a_store(snapshot: Path) -> None:
@@ -144,14 +155,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument(
-        "--output", default=None, metavar="DIR", help="token store directory (created atomically)"
+        "--output",
+        default=None,
+        metavar="DIR",
+        help="token store directory (created atomically), or an URL (s3://bucket/prefix: object storage)",
     )
     where.add_argument(
         "--cache-dir",
         metavar="DIR",
         default=None,
         help="reuse the store of this identity anywhere under DIR, else build DIR/<identity hash> "
-        "(build_batches' cache_dir)",
+        "(build_batches' cache_dir; an URL too)",
     )
     parser.add_argument("--split", default="train", help="split to tokenise (default train)")
     parser.add_argument("--num-proc", type=_positive, default=1, help="worker processes (default 1)")

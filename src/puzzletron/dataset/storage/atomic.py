@@ -49,6 +49,7 @@ __all__ = [
     "fsync_path",
     "fsync_tree",
     "locked",
+    "note_publication",
     "publications",
     "sibling_prefix",
     "staging_dir",
@@ -166,6 +167,12 @@ def publications(destination: str | Path) -> int:
     """How many times this process published `destination` (a `staging_dir` renamed into place): a call
     that leaves it unchanged reused what was there."""
     return _PUBLISHED.get(_key(Path(destination)), 0)
+
+
+def note_publication(destination: str) -> None:
+    """Count one publication of `destination` made without `staging_dir` (an URL prefix whose manifest this
+    process wrote: `publications` and `total_publications` see it)."""
+    _PUBLISHED[destination] = _PUBLISHED.get(destination, 0) + 1
 
 
 def total_publications() -> int:

@@ -321,6 +321,25 @@ class Objects:
             raise ConfigError(f"{self.url}: this filesystem has no create-once write ({exc})") from None
         return True
 
+    def download(self, folder: str | os.PathLike[str]) -> None:
+        """Copy every object under the prefix into the local `folder` (created), by relative path."""
+        for rel in self.list():
+            target = os.path.join(folder, *rel.split("/"))
+            if any(part in ("", ".", "..") for part in rel.split("/")):
+                raise SnapshotError(f"{self.url_of(rel)}: an object name that is no relative path")
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            self._retry(lambda r=rel, t=target: self.fs.get_file(self.path(r), t), f"downloading {self.url_of(rel)}")
+
+    def upload(self, folder: str | os.PathLike[str], *, last: str | None = None) -> None:
+        """Upload every regular file under the local `folder` by relative path; `last` (a relative path:
+        the manifest) is left out, for the caller to write once after the rest."""
+        for base, _, names in sorted(os.walk(folder)):
+            for name in sorted(names):
+                local = os.path.join(base, name)
+                rel = os.path.relpath(local, folder).replace(os.sep, "/")
+                if rel != last and os.path.isfile(local) and not os.path.islink(local):
+                    self.put_file(rel, local)
+
     def delete(self, rels: Iterable[str]) -> None:
         """Remove the objects `rels` (missing ones are fine)."""
         paths = [self.path(rel) for rel in rels]

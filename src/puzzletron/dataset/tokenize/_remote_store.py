@@ -33,6 +33,7 @@ from typing import Any
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats.manifest import MANIFEST, parse_json
 from puzzletron.dataset.formats.token_store import RECORD, assemble_store, read_complete_manifest
+from puzzletron.dataset.storage.atomic import note_publication
 from puzzletron.dataset.storage.object_cache import ObjectCache
 from puzzletron.dataset.storage.objects import Objects, join_url, url_name, url_parent
 from puzzletron.dataset.storage.remote import RemoteFiles
@@ -151,7 +152,9 @@ def publish(
             if info is None or info.size != record["bytes"]:
                 raise SnapshotError(f"{store.url_of(record['path'])}: missing or of another size before publication")
         data = (out / MANIFEST).read_bytes()
-        if not store.create_once(MANIFEST, data) and store.get(MANIFEST) != data:
+        if store.create_once(MANIFEST, data):
+            note_publication(dest)
+        elif store.get(MANIFEST) != data:
             raise SnapshotError(f"{dest}: another store was published there while this one was built")
     finally:
         shutil.rmtree(work, ignore_errors=True)
