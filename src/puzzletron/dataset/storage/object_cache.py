@@ -176,15 +176,19 @@ class ObjectCache:
         at most `target` (hold the root lock)."""
         entries, now = [], time.time()
         for kind in ("chunks", "files"):
-            for folder in sorted((self.root / kind).glob("??")):
+            for folder in sorted(p for p in (self.root / kind).glob("*") if p.is_dir()):
                 with os.scandir(folder) as it:
                     for entry in it:
                         try:
                             st = entry.stat(follow_symlinks=False)
                         except FileNotFoundError:
                             continue
-                        if entry.name.startswith("."):
-                            if entry.name.startswith(".tmp-") and now - st.st_mtime > _STALE_TMP_S:
+                        if entry.name.startswith("."):  # a killed writer's file; a download lock
+                            stale = now - st.st_mtime > _STALE_TMP_S
+                            orphan = entry.name.endswith(".lock") and not os.path.exists(
+                                os.path.join(folder, entry.name[1 : -len(".lock")])
+                            )
+                            if (entry.name.startswith(".tmp-") and stale) or orphan:
                                 with contextlib.suppress(FileNotFoundError):
                                     os.unlink(entry.path)
                             continue

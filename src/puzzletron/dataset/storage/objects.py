@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_FS: dict[tuple[Any, ...], Any] = {}  # (protocol, options, pid) -> the filesystem of this process
+_FS: dict[tuple[Any, ...], Any] = {}  # (protocol, options, pid, environment) -> this process's filesystem
 _FS_GUARD = threading.Lock()
 _BACKOFF_S = (0.1, 0.3, 1.0, 3.0, 10.0)
 
@@ -154,7 +154,8 @@ class Objects:
     @property
     def fs(self) -> Any:
         """This process's filesystem for the scheme (created on first use, again after a fork)."""
-        key = (self.protocol, self.options, os.getpid())
+        env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "FSSPEC_"))))
+        key = (self.protocol, self.options, os.getpid(), env)  # the backend reads its environment
         with _FS_GUARD:
             fs = _FS.get(key)
             if fs is None:
