@@ -86,7 +86,9 @@ def s3_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture
-def bucket(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> str:
+def bucket(
+    s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> str:
     """``s3://bkt`` on an emptied server, and an empty object cache (``PUZZLETRON_OBJECT_CACHE``)."""
     reset(s3_endpoint)
     create_bucket(s3_endpoint, "bkt")

@@ -90,7 +90,9 @@ def test_connections_that_always_drop_are_a_clear_error_never_short_bytes(
     with TcpFaults(urlsplit(s3_endpoint).port) as proxy:
         faulty = _through(proxy, monkeypatch, bucket)
         proxy.configure("cut", after=2000)
-        with pytest.raises(OSError, match=r"s3://bkt/prefix/a/data.bin: bytes 0..700000 could not be read in 3"):
+        with pytest.raises(
+            OSError, match=r"s3://bkt/prefix/a/data.bin: bytes 0..700000 could not be read in 3"
+        ):
             faulty.get_range("a/data.bin", 0, 700_000, etag=etag)
 
 

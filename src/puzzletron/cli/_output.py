@@ -68,7 +68,9 @@ def folder_facts(path: str | Path) -> dict[str, Any]:
     return {
         "path": root,
         "format": info["format"],
-        "manifest": f"{root.rstrip('/')}/{formats.MANIFEST}" if "://" in root else str(Path(root, formats.MANIFEST)),
+        "manifest": f"{root.rstrip('/')}/{formats.MANIFEST}"
+        if "://" in root
+        else str(Path(root, formats.MANIFEST)),
         **counts_of(info),
     }
 

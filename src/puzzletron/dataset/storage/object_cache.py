@@ -1,6 +1,6 @@
 """A bounded local cache of object bytes, shared by every rank and process of one node.
 
-    cache = ObjectCache.default()      # PUZZLETRON_OBJECT_CACHE (~/.cache/puzzletron/objects), ..._BYTES (64G)
+    cache = ObjectCache.default()   # PUZZLETRON_OBJECT_CACHE (~/.cache/puzzletron/objects), ..._BYTES
     path = cache.lookup("chunks", name, size) or cache.put_chunk(name, fetch())   # once per node
     path = cache.whole(name, size, download)     # a whole object (an index) for a map, one download a node
 

@@ -102,7 +102,9 @@ class ObjectOptions:
     first attempt. Defaults from ``PUZZLETRON_OBJECT_CONNECT_TIMEOUT_S`` (10),
     ``PUZZLETRON_OBJECT_READ_TIMEOUT_S`` (60), ``PUZZLETRON_OBJECT_RETRIES`` (4)."""
 
-    connect_timeout_s: float = field(default_factory=lambda: _env_float("PUZZLETRON_OBJECT_CONNECT_TIMEOUT_S", 10))
+    connect_timeout_s: float = field(
+        default_factory=lambda: _env_float("PUZZLETRON_OBJECT_CONNECT_TIMEOUT_S", 10)
+    )
     read_timeout_s: float = field(default_factory=lambda: _env_float("PUZZLETRON_OBJECT_READ_TIMEOUT_S", 60))
     retries: int = field(default_factory=lambda: int(_env_float("PUZZLETRON_OBJECT_RETRIES", 4)))
 
@@ -219,7 +221,9 @@ class Objects:
         object is no longer that one."""
         return self.get_ranges(rel, [(start, stop)], etag=etag)[0]
 
-    def get_ranges(self, rel: str, spans: Iterable[tuple[int, int]], *, etag: str | None = None) -> list[bytes]:
+    def get_ranges(
+        self, rel: str, spans: Iterable[tuple[int, int]], *, etag: str | None = None
+    ) -> list[bytes]:
         """Several ranges of `rel`, fetched concurrently (S3) or one after the other."""
         spans = list(spans)
         if not spans:
@@ -238,7 +242,9 @@ class Objects:
             raise _ShortBody(f"{len(data)} of {stop - start} bytes")
         return data
 
-    async def _s3_ranges(self, fs: Any, rel: str, spans: list[tuple[int, int]], etag: str | None) -> list[bytes]:
+    async def _s3_ranges(
+        self, fs: Any, rel: str, spans: list[tuple[int, int]], etag: str | None
+    ) -> list[bytes]:
         await fs.set_session()
         bucket, _, key = self.path(rel).partition("/")
         client = await fs.get_s3(bucket)
@@ -272,12 +278,19 @@ class Objects:
                 code = _error_code(exc)
                 if code in ("PreconditionFailed", "412"):
                     raise ObjectChanged(
-                        f"{self.url_of(rel)}: the object changed after it was pinned (ETag {etag}): the store "
-                        "was overwritten after publication; open it again, or rebuild it"
+                        f"{self.url_of(rel)}: the object changed after it was pinned (ETag {etag}): the "
+                        "store was overwritten after publication; open it again, or rebuild it"
                     ) from None
                 if code in ("NoSuchKey", "404", "NoSuchBucket"):
                     raise ObjectChanged(f"{self.url_of(rel)}: the object is gone ({code})") from None
-                transient = code in ("SlowDown", "InternalError", "ServiceUnavailable", "503", "500", "RequestTimeout")
+                transient = code in (
+                    "SlowDown",
+                    "InternalError",
+                    "ServiceUnavailable",
+                    "503",
+                    "500",
+                    "RequestTimeout",
+                )
                 if not (transient or (not code and isinstance(exc, retryable))):
                     raise
                 last = exc
@@ -306,7 +319,9 @@ class Objects:
 
     def put_file(self, rel: str, local: str | os.PathLike[str]) -> None:
         """Upload the local file as `rel` (overwriting: only before publication)."""
-        self._retry(lambda: self.fs.put_file(os.fspath(local), self.path(rel)), f"uploading {self.url_of(rel)}")
+        self._retry(
+            lambda: self.fs.put_file(os.fspath(local), self.path(rel)), f"uploading {self.url_of(rel)}"
+        )
 
     def put_bytes(self, rel: str, data: bytes) -> None:
         self._retry(lambda: self.fs.pipe_file(self.path(rel), data), f"writing {self.url_of(rel)}")
@@ -315,7 +330,9 @@ class Objects:
         """Write `rel` only if no object has that name (S3: ``If-None-Match: *``, one atomic request); False
         when one exists already (the earlier writer won; its object is unchanged)."""
         try:
-            self._retry(lambda: self.fs.pipe_file(self.path(rel), data, mode="create"), f"writing {self.url_of(rel)}")
+            self._retry(
+                lambda: self.fs.pipe_file(self.path(rel), data, mode="create"), f"writing {self.url_of(rel)}"
+            )
         except FileExistsError:
             return False
         except TypeError as exc:  # a backend whose pipe_file has no create mode
@@ -329,7 +346,9 @@ class Objects:
             if any(part in ("", ".", "..") for part in rel.split("/")):
                 raise SnapshotError(f"{self.url_of(rel)}: an object name that is no relative path")
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            self._retry(lambda r=rel, t=target: self.fs.get_file(self.path(r), t), f"downloading {self.url_of(rel)}")
+            self._retry(
+                lambda r=rel, t=target: self.fs.get_file(self.path(r), t), f"downloading {self.url_of(rel)}"
+            )
 
     def upload(self, folder: str | os.PathLike[str], *, last: str | None = None) -> None:
         """Upload every regular file under the local `folder` by relative path; `last` (a relative path:

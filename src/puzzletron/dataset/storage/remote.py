@@ -113,7 +113,9 @@ class RemoteFiles:
         for k in range(first, last + 1):
             a = max(offset, k * size)
             b = min(stop, (k + 1) * size)
-            pread_into(self._chunk_fd(rel, info, k), view[done : done + b - a], a - k * size, self._where(rel))
+            pread_into(
+                self._chunk_fd(rel, info, k), view[done : done + b - a], a - k * size, self._where(rel)
+            )
             done += b - a
 
     def _chunk_name(self, rel: str, info: ObjectInfo, k: int) -> str:

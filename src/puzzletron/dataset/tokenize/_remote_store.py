@@ -38,10 +38,12 @@ from puzzletron.dataset.storage.object_cache import ObjectCache
 from puzzletron.dataset.storage.objects import Objects, join_url, url_name, url_parent
 from puzzletron.dataset.storage.remote import RemoteFiles
 
-__all__ = ["finished_shards", "published_manifest", "publish", "scratch_dir", "upload_shard"]
+__all__ = ["finished_shards", "publish", "published_manifest", "scratch_dir", "upload_shard"]
 
 _PARTS = ("blocks.u64", "lengths.u32", "ids.bin", "ids.i64", "skipped.bin", "skipped.i64")
-_LAYOUT = re.compile(r"(shards/\d{6}\.(tokens|mask)|index/[a-z]+\.(i64|u32|u64|bin)|skipped/ids\.(bin|i64)|manifest\.json)")
+_LAYOUT = re.compile(
+    r"(shards/\d{6}\.(tokens|mask)|index/[a-z]+\.(i64|u32|u64|bin)|skipped/ids\.(bin|i64)|manifest\.json)"
+)
 
 
 def _shard_file(k: int, part: str) -> str:
@@ -150,7 +152,9 @@ def publish(
         for record in manifest["files"]:
             info = listed.get(record["path"])
             if info is None or info.size != record["bytes"]:
-                raise SnapshotError(f"{store.url_of(record['path'])}: missing or of another size before publication")
+                raise SnapshotError(
+                    f"{store.url_of(record['path'])}: missing or of another size before publication"
+                )
         data = (out / MANIFEST).read_bytes()
         if store.create_once(MANIFEST, data):
             note_publication(dest)

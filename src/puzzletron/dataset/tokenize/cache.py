@@ -66,7 +66,9 @@ def _matches_remote(url: str, identity: Mapping[str, Any], digest: str) -> bool:
     try:
         complete = read_complete_manifest(url)
     except SnapshotError as exc:
-        _LOG.warning("passing over %s, a token store of the wanted identity that is not complete: %s", url, exc)
+        _LOG.warning(
+            "passing over %s, a token store of the wanted identity that is not complete: %s", url, exc
+        )
         return False
     return complete.get("identity") == identity
 
@@ -100,6 +102,7 @@ def find_store(cache_dir: str | Path, identity: Mapping[str, Any]) -> Path | str
     digest = identity_sha256(identity)
     if is_url(cache_dir):
         return _find_remote(str(cache_dir), identity, digest)
+    root = Path(os.path.abspath(cache_dir))
     named = root / digest[:16]
     if (named / MANIFEST).is_file() and _matches(named, identity, digest):
         return named

@@ -36,11 +36,15 @@ def _present(root: Any, source: ByteSource, record: Mapping[str, Any]) -> int:
         return check_file(root, record, within=layout.WITHIN).stat().st_size
     size = source.size(record["path"])
     if size != record["bytes"]:
-        raise SnapshotError(f"{root}: {record['path']} has {size} bytes, the manifest records {record['bytes']}")
+        raise SnapshotError(
+            f"{root}: {record['path']} has {size} bytes, the manifest records {record['bytes']}"
+        )
     return size
 
 
-def _scan(source: ByteSource, rel: str, size: int, dtype: np.dtype | None = None) -> tuple[str, np.ndarray, int]:
+def _scan(
+    source: ByteSource, rel: str, size: int, dtype: np.dtype | None = None
+) -> tuple[str, np.ndarray, int]:
     """SHA-256 of a file, its block checksums and (with `dtype`) its largest id (-1 when empty), one pass."""
     digest, blocks, largest = hashlib.sha256(), _blocks.BlockHasher(), -1
     for start in range(0, size, _CHUNK):  # a multiple of the block size and of any itemsize
@@ -55,9 +59,13 @@ def _scan(source: ByteSource, rel: str, size: int, dtype: np.dtype | None = None
 
 
 def _hash_file(
-    root: Any, source: ByteSource, record: Mapping[str, Any], sums: dict[str, np.ndarray], problems: list[str],
+    root: Any,
+    source: ByteSource,
+    record: Mapping[str, Any],
+    sums: dict[str, np.ndarray],
+    problems: list[str],
     dtype=None,
-) -> int:  # fmt: skip
+) -> int:
     """Size and SHA-256 of one file against its record; its block checksums into `sums`; its largest id."""
     try:
         size = _present(root, source, record)
@@ -125,7 +133,11 @@ def _check_strings(
 
 
 def _check_index(
-    root: Any, source: ByteSource, manifest: Mapping[str, Any], sums: dict[str, np.ndarray], problems: list[str]
+    root: Any,
+    source: ByteSource,
+    manifest: Mapping[str, Any],
+    sums: dict[str, np.ndarray],
+    problems: list[str],
 ) -> None:
     counts, shards = manifest["counts"], manifest["shards"]
     n, total = counts["samples"], counts["tokens"]
@@ -214,7 +226,11 @@ def describe_token_store(path: str | Path) -> dict[str, Any]:
     storage: the bytes of its objects)."""
     root, source = _root_and_source(path)
     manifest = layout.load_store_manifest(root, None if isinstance(root, Path) else source)
-    size = bytes_on_disk(root) if isinstance(root, Path) else sum(source.size(r["path"]) for r in manifest["files"])
+    size = (
+        bytes_on_disk(root)
+        if isinstance(root, Path)
+        else sum(source.size(r["path"]) for r in manifest["files"])
+    )
     return {
         "path": str(root),
         "format": layout.TOKEN_STORE_FORMAT,
