@@ -238,3 +238,91 @@ def test_a_store_collected_at_interpreter_exit_closes_its_files_silently(
     for fd in fds:
         with pytest.raises(OSError):
             os.fstat(fd)  # closed
+
+
+def test_one_sample_reads_give_what_read_gives_for_every_sample(store_path: Path) -> None:
+    store = TokenStore(store_path)
+    offsets = np.asarray(store.offsets)
+    for reader in (store, pickle.loads(pickle.dumps(store))):
+        for i in [*range(len(store)), 0, len(store) - 1]:  # every sample, then again (verified, mapped)
+            ids, mask = reader.read(offsets[i : i + 1], offsets[i + 1 : i + 2])
+            one_ids, one_mask = reader.sample(i)
+            assert one_ids.dtype == np.int64 and one_mask.dtype == np.bool_
+            assert np.array_equal(one_ids, ids) and np.array_equal(one_mask, mask)
+            assert np.array_equal(reader.tokens(i), ids)
+    with pytest.raises(IndexError, match=f"sample index {len(store)} out of range"):
+        store.sample(len(store))
+    with pytest.raises(IndexError, match="sample index -1 out of range"):
+        store.tokens(-1)
+    store.close()  # closing drops the mappings; the next read maps again
+    assert np.array_equal(store.tokens(3), store.read(offsets[3:4], offsets[4:5])[0])
+
+
+def _forge(store_dir: Path, rel: str, data: bytes) -> None:
+    """Replace a shard file and make the block checksums and the manifest agree with it (a forger's store:
+    only the content checks can refuse it)."""
+    import hashlib
+
+    from puzzletron.dataset.formats.blocks import block_sums
+
+    (store_dir / rel).write_bytes(data)
+    manifest = json.loads((store_dir / "manifest.json").read_text())
+    records = {r["path"]: r for r in manifest["files"]}
+    records[rel]["sha256"] = hashlib.sha256(data).hexdigest()
+    sums = [block_sums((store_dir / r["path"]).read_bytes()) for r in manifest["files"]
+            if r["path"] != "index/blocks.u64"]  # fmt: skip
+    blocks = np.concatenate(sums).astype("<u8").tobytes()
+    (store_dir / "index/blocks.u64").write_bytes(blocks)
+    records["index/blocks.u64"]["sha256"] = hashlib.sha256(blocks).hexdigest()
+    (store_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def test_an_id_outside_the_vocabulary_behind_matching_checksums_is_refused_by_every_read(
+    store_path: Path, tmp_path: Path
+) -> None:
+    store_dir = _copy(store_path, tmp_path)
+    data = bytearray((store_dir / "shards/000001.tokens").read_bytes())
+    data[10:12] = (65535).to_bytes(2, "little")
+    _forge(store_dir, "shards/000001.tokens", bytes(data))
+    for read in (
+        lambda s: s.sample(int(np.searchsorted(s.offsets, s.manifest["shards"][1]["tokens"][0]))),
+        lambda s: s.tokens(int(np.searchsorted(s.offsets, s.manifest["shards"][1]["tokens"][0]))),
+        lambda s: s.read(s.offsets[:-1], s.offsets[1:]),
+    ):
+        with pytest.raises(SubsetError, match=r"000001\.tokens: token id 65535 outside the vocabulary"):
+            read(TokenStore(store_dir))
+
+
+def _resident_kib(path: Path) -> int:
+    """KiB of `path`'s mappings resident in this process (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc/self/smaps (Linux)")
+def test_an_epoch_of_reads_keeps_the_mapped_shard_resident_below_the_release_bound(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from puzzletron.dataset.formats.token_store import reader as token_reader
+
+    one_shard = TokenizeOptions(rows_per_shard=TRAIN_ROWS)  # a 500 KiB token file
+    path = build_token_store(snapshot, tokenizer=tokenizer_dir, output=tmp_path / "one", options=one_shard)
+    monkeypatch.setattr(token_reader, "_RELEASE_BYTES", 16 * 1024)
+    store = TokenStore(path)
+    shard = (path / "shards" / "000000.tokens").resolve()
+    released, release = [], store._files.release
+    store._files.release = lambda: (released.append(_resident_kib(shard)), release())  # type: ignore[method-assign]
+    for i in range(len(store)):
+        store.sample(i)
+    # a release every 16 KiB copied out: the walk's pages never pile up (their granularity is the file
+    # system's: 4 KiB pages, 64 KiB fault-around, or 2 MiB huge pages on tmpfs)
+    longest = 2 * int(store.lengths.max())  # a release comes before the read after the bound was passed
+    assert len(released) >= store.num_tokens * 2 // (16 * 1024 + longest) and max(released) > 0
+    assert _resident_kib(shard) <= max(released)
+    store._files.release()
+    assert released[-1] > 0 and _resident_kib(shard) == 0

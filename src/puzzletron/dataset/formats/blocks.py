@@ -31,7 +31,7 @@ True
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -118,7 +118,9 @@ class BlockChecks:
 
     `files` are ``(rel, size)`` in the order their checksums appear in `sums` (uint64, ``block_count(size)``
     each, `SnapshotError` when the counts disagree); `where` names the directory in errors. Global block ids
-    run over the files in that order (`base`).
+    run over the files in that order (`base`). ``inspect(rel, offset, data)``, when given, sees each group
+    of blocks once its checksums matched, before it counts as verified (a format's check of the content:
+    the token store's ids against its vocabulary); it raises to refuse it.
     """
 
     def __init__(
@@ -129,8 +131,9 @@ class BlockChecks:
         *,
         where: str,
         block_size: int = BLOCK_SIZE,
+        inspect: Callable[[str, int, np.ndarray], None] | None = None,
     ) -> None:
-        self.source, self.where, self.block_size = source, where, block_size
+        self.source, self.where, self.block_size, self.inspect = source, where, block_size, inspect
         counts = np.asarray([block_count(size, block_size) for _, size in files], dtype=np.int64)
         if int(counts.sum()) != len(sums):
             raise SnapshotError(
@@ -142,7 +145,20 @@ class BlockChecks:
         self._index = {rel: k for k, rel in enumerate(self._names)}
         self._base_list, self._size_list = self._bases.tolist(), self._sizes.tolist()
         self._sums = np.asarray(sums, dtype=np.uint64)
-        self.verified = np.zeros(len(sums), dtype=bool)
+        self._set_verified(bytearray(len(sums)))
+
+    def _set_verified(self, flags: bytearray) -> None:
+        # one byte a block; `verified_flags` indexes it as Python ints (the fast path of a one-sample
+        # read), `verified` is the same memory as a bool array (vectorised checks)
+        self.verified_flags = flags
+        self.verified = np.frombuffer(flags, dtype=bool)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "verified"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._set_verified(state["verified_flags"])
 
     def base(self, rel: str) -> int:
         """The global id of the first block of `rel`."""
@@ -180,6 +196,8 @@ class BlockChecks:
         buffer = np.empty(end - begin, dtype=np.uint8)
         self.source.read_into(rel, begin, buffer)
         bad = np.flatnonzero(block_sums(buffer, self.block_size) != self._sums[first:stop])
+        if not bad.size and self.inspect is not None:
+            self.inspect(rel, begin, buffer)  # the format's own check of verified content
         if bad.size:
             a = begin + int(bad[0]) * self.block_size
             b = min(a + self.block_size, end)

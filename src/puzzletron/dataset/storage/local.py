@@ -16,6 +16,8 @@ an error, never a mix of old and new files. Open descriptors are kept (least rec
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 from collections import OrderedDict
 from collections.abc import Callable
@@ -64,6 +66,7 @@ class LocalFiles:
         self.root = Path(root).absolute()
         self._pins: dict[str, FileIdentity] = {}
         self._fds: OrderedDict[str, int] = OrderedDict()
+        self._maps: dict[str, tuple[mmap.mmap, memoryview]] = {}
 
     def __repr__(self) -> str:
         return f"LocalFiles({str(self.root)!r}, pinned={len(self._pins)})"
@@ -127,7 +130,36 @@ class LocalFiles:
         with open(os.dup(fd), "rb") as fh:
             return np.memmap(fh, dtype=dtype, mode="r", shape=(count,))
 
+    def view(self, rel: str) -> memoryview:
+        """The whole file `rel` as a read-only memoryview of a shared mapping (checked against its pin;
+        `MAX_OPEN` mappings at most, the oldest unmapped first). A reader copies out of it with no system
+        call; `release` drops the pages it touched from this process's memory (not from the page cache),
+        so a walk through a large file keeps a flat resident size."""
+        mapped = self._maps.get(rel)
+        if mapped is not None:
+            return mapped[1]
+        if self.size(rel) == 0:
+            return memoryview(b"")
+        handle = mmap.mmap(self._fd(rel), 0, access=mmap.ACCESS_READ)
+        mapped = self._maps[rel] = (handle, memoryview(handle))
+        if len(self._maps) > MAX_OPEN:
+            self._unmap(next(iter(self._maps)))
+        return mapped[1]
+
+    def _unmap(self, rel: str) -> None:
+        handle, view = self._maps.pop(rel)
+        view.release()
+        with contextlib.suppress(BufferError):  # an array still looks at it: it lives until that array goes
+            handle.close()
+
+    def release(self) -> None:
+        """Drop the pages of every mapping from this process's resident memory (they stay cached)."""
+        for handle, _ in self._maps.values():
+            handle.madvise(mmap.MADV_DONTNEED)
+
     def close(self) -> None:
+        while self._maps:
+            self._unmap(next(iter(self._maps)))
         while self._fds:
             os.close(self._fds.popitem()[1])
 
@@ -137,6 +169,7 @@ class LocalFiles:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._fds = OrderedDict()
+        self._maps = {}
 
     def __del__(self, _close: Callable[[int], None] = os.close) -> None:
         # At interpreter exit this module's globals may already be None (os, contextlib): use only what the

@@ -22,6 +22,7 @@ touches (a few bytes a sample), the checksums (8 bytes a block) and one byte a b
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,10 @@ from puzzletron.dataset.storage.sources import ByteSource, open_source
 __all__ = ["TOKEN_STORE_FORMAT", "TOKEN_STORE_VERSION", "TokenStore", "pread_into", "read_strings"]
 
 _INDEX_CHUNK = 1 << 20  # samples of the index checked at a time
+_RELEASE_BYTES = 64 << 20  # bytes copied out of mapped shards between two releases of their pages
+_MAPPED_SHARDS = 48  # shards whose files a reader keeps as arrays over their mappings
+# bits of each byte value, least significant first, as bools: a lookup that unpacks mask bytes
+_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").view(bool)
 
 
 def read_strings(
@@ -112,14 +117,34 @@ class TokenStore:
         if hashlib.sha256(raw).hexdigest() != blocks_record["sha256"]:
             raise SnapshotError(f"{self.path}: {layout.BLOCKS} differs from the SHA-256 the manifest records")
         files = layout.block_files(self.manifest)
+        inspect = self._check_ids if self._vocab < 1 << (8 * self._dtype.itemsize) else None
         self._checks = _blocks.BlockChecks(
-            self._files, files, np.frombuffer(raw, dtype="<u8"), where=str(self.path)
+            self._files, files, np.frombuffer(raw, dtype="<u8"), where=str(self.path), inspect=inspect
         )
-        self._tok_base = np.asarray([self._checks.base(layout.tokens_name(k)) for k in range(len(shards))])
-        self._mask_base = np.asarray([self._checks.base(layout.mask_name(k)) for k in range(len(shards))])
+        self._tok_names = [layout.tokens_name(k) for k in range(len(shards))]
+        self._mask_names = [layout.mask_name(k) for k in range(len(shards))]
+        self._tok_base = np.asarray([self._checks.base(rel) for rel in self._tok_names])
+        self._mask_base = np.asarray([self._checks.base(rel) for rel in self._mask_names])
         self._tok_base_list, self._mask_base_list = self._tok_base.tolist(), self._mask_base.tolist()
+        self._bounds_list = self._bounds.tolist()
         self._arrays: dict[str, np.ndarray] = {}
+        self._offsets_view: memoryview | None = None  # the verified offsets as Python ints (`sample`)
         self._index_checked = False
+        self._served = [0]  # bytes copied out of mappings since their pages were last released
+        self._fast: Any = None  # `sample`'s closure, made on first use
+        self._fast_ids: Any = None  # `tokens`'s
+        self._width = self._dtype.itemsize
+        self._mapped_view = getattr(self._files, "view", None)  # local: whole files mapped; remote: None
+        self._shard_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # shard -> (tokens, mask bytes)
+
+    def _check_ids(self, rel: str, offset: int, data: np.ndarray) -> None:
+        """`BlockChecks`' inspection of verified token bytes: every id inside the vocabulary (so no read
+        needs to look again)."""
+        if rel.endswith(".tokens") and data.size:
+            largest = int(data[: data.size - data.size % self._dtype.itemsize].view(self._dtype).max())
+            if largest >= self._vocab:  # checksums passed: a store written with a bad id
+                raise SnapshotError(f"{self.path}: {rel}: token id {largest} outside the vocabulary "
+                                    f"({self._vocab}) in bytes {offset}..{offset + data.size}")  # fmt: skip
 
     def __len__(self) -> int:
         return self._n
@@ -155,6 +180,7 @@ class TokenStore:
                                     f"where its first sample does ({int(offsets[starts[k]])})")  # fmt: skip
             self._index_checked = True
         self._arrays = {"offsets": offsets, "lengths": lengths}
+        self._offsets_view = memoryview(offsets).cast("B").cast("q") if n else memoryview(b"").cast("q")
         return self._arrays
 
     @property
@@ -179,6 +205,119 @@ class TokenStore:
         rels = (layout.SKIPPED_OFFSETS, layout.SKIPPED_BIN)
         return read_strings(self._files, self._checks, rels, np.arange(self.skipped))
 
+    def sample(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sample `index` as ``(ids int64 [n], mask bool [n])``, what `read` of its range returns, in a few
+        Python operations once its blocks are verified (the path of a random single-sample read)."""
+        fast = self._fast
+        if fast is None:
+            fast = self._fast = self._sample_function(mask=True)
+        return fast(index)
+
+    def tokens(self, index: int) -> np.ndarray:
+        """Sample `index`'s ids (int64 ``[n]``, verified) without its mask: the same tokens Megatron-Core's
+        `IndexedDataset[index]` gives, for a reader that derives its labels from the ids alone."""
+        fast = self._fast_ids
+        if fast is None:
+            fast = self._fast_ids = self._sample_function(mask=False)
+        return fast(index)
+
+    def _sample_function(self, *, mask: bool) -> Any:
+        """`sample` as a closure over what it reads (locals are the cheapest names Python has): the index
+        as Python ints, the shard arrays over their mappings and the verified-block flags; anything else
+        (a block not verified yet, a shard not mapped, a remote source) goes through `_piece`."""
+        self._index()
+        view, bounds, n, width = self._offsets_view, self._bounds_list, self._n, self._width
+        flags, tok_base, mask_base = self._checks.verified_flags, self._tok_base_list, self._mask_base_list
+        shard_arrays, piece, take, find, int64 = (
+            self._shard_arrays,
+            self._piece,
+            _BITS.take,
+            bisect.bisect_right,
+            np.int64,
+        )
+        shift = _blocks.BLOCK_SIZE.bit_length() - 1
+        served = self._served
+
+        def sample(index: int) -> tuple[np.ndarray, np.ndarray]:
+            if not 0 <= index < n:
+                raise IndexError(f"sample index {index} out of range for a store of {n} samples")
+            a = view[index]
+            k = find(bounds, a) - 1
+            start, count = a - bounds[k], view[index + 1] - a
+            arrays = shard_arrays.get(k)
+            ta, tz, ma, mz = start * width, (start + count) * width, start >> 3, (start + count + 7) >> 3
+            first, last = tok_base[k] + (ta >> shift), tok_base[k] + ((tz - 1) >> shift)
+            mfirst, mlast = mask_base[k] + (ma >> shift), mask_base[k] + ((mz - 1) >> shift)
+            if (
+                arrays is None
+                or not (flags[first] and flags[last] and flags[mfirst] and flags[mlast])
+                or (last - first > 1 or mlast - mfirst > 1 or served[0] > _RELEASE_BYTES)
+            ):
+                out = piece(k, start, count)
+                return out if mask else out[0]
+            served[0] += tz - ta
+            if not mask:
+                return arrays[0][start : start + count].astype(int64)
+            bit = start & 7
+            return arrays[0][start : start + count].astype(int64), take(arrays[1][ma:mz], axis=0).reshape(-1)[
+                bit : bit + count
+            ]
+
+        return sample
+
+    def _piece(self, k: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens ``[start, start + count)`` of shard `k` (count >= 1): verified, copied out of the local
+        mapping (no system call) or read from the source; the mask bits unpacked."""
+        width, size = self._width, _blocks.BLOCK_SIZE
+        ta, tz, ma, mz = start * width, (start + count) * width, start >> 3, (start + count + 7) >> 3
+        tb, mb, flags = self._tok_base_list[k], self._mask_base_list[k], self._checks.verified_flags
+        first, last, mfirst, mlast = (
+            tb + ta // size,
+            tb + (tz - 1) // size,
+            mb + ma // size,
+            mb + (mz - 1) // size,
+        )
+        if not (flags[first] and flags[last] and flags[mfirst] and flags[mlast]) or (
+            last - first > 1 or mlast - mfirst > 1
+        ):
+            one = np.array([k])
+            self._ensure_verified(one, one * 0 + ta, one * 0 + tz, one * 0 + ma, one * 0 + mz)
+        arrays = self._shard_arrays.get(k) or self._map_shard(k)
+        if arrays is not None:
+            ids = arrays[0][start : start + count].astype(np.int64)
+            packed = arrays[1][ma:mz]
+            self._served[0] += tz - ta
+            if self._served[0] > _RELEASE_BYTES:
+                self._release()
+        else:
+            raw, packed = np.empty(count, self._dtype), np.empty(mz - ma, np.uint8)
+            self._files.read_into(self._tok_names[k], ta, raw)
+            self._files.read_into(self._mask_names[k], ma, packed)
+            ids = raw.astype(np.int64)
+        bit = start & 7
+        return ids, _BITS.take(packed, axis=0).reshape(-1)[bit : bit + count]
+
+    def _map_shard(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Shard `k`'s token and mask files as arrays over the source's mappings (None for a source that
+        maps nothing: object storage); at most `_MAPPED_SHARDS` shards at a time."""
+        mapped = self._mapped_view
+        if mapped is None:
+            return None
+        if len(self._shard_arrays) >= _MAPPED_SHARDS:
+            self._shard_arrays.pop(next(iter(self._shard_arrays)))
+        arrays = (
+            np.frombuffer(mapped(self._tok_names[k]), self._dtype),
+            np.frombuffer(mapped(self._mask_names[k]), np.uint8),
+        )
+        self._shard_arrays[k] = arrays
+        return arrays
+
+    def _release(self) -> None:
+        """Drop the mapped pages this reader touched from its resident memory (they stay in the page
+        cache): an epoch keeps a flat resident size."""
+        self._served[0] = 0
+        self._files.release()  # type: ignore[attr-defined]
+
     def read(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global token ranges ``[starts[i], stops[i])`` concatenated: ``(ids int64 [sum], mask bool [sum])``.
 
@@ -186,6 +325,11 @@ class TokenStore:
         process); then one positional read per range and shard (tokens and mask bits), straight into the
         result: nothing stays mapped, no per-token Python loop.
         """
+        if len(starts) == 1 == len(stops):  # one range (an epoch's read): Python ints, no array work
+            a, b = int(starts[0]), int(stops[0])
+            k = bisect.bisect_right(self._bounds_list, a) - 1
+            if 0 <= a < b <= self._bounds_list[k + 1] and b <= self.num_tokens:
+                return self._piece(k, a - self._bounds_list[k], b - a)
         starts = np.asarray(starts, dtype=np.int64).reshape(-1)
         stops = np.asarray(stops, dtype=np.int64).reshape(-1)
         if starts.shape != stops.shape:
@@ -211,16 +355,24 @@ class TokenStore:
         self._ensure_verified(shard, local_a * width, local_b * width, byte_a, byte_b)
         raw = np.empty(int(out[-1]) * width, dtype=np.uint8)
         packed = np.empty(int(bits_at[-1]), dtype=np.uint8)
-        for j, k in enumerate(shard.tolist()):  # one read a piece: per sample, never per token
-            self._files.read_into(
-                layout.tokens_name(k), int(local_a[j]) * width, raw[out[j] * width : out[j + 1] * width]
-            )
-            self._files.read_into(layout.mask_name(k), int(byte_a[j]), packed[bits_at[j] : bits_at[j + 1]])
+        tok_at, out_at = (local_a * width).tolist(), (out * width).tolist()
+        mask_at, mask_end, packed_at = byte_a.tolist(), byte_b.tolist(), bits_at.tolist()
+        mapped, view = self._mapped_view, memoryview(raw)
+        packed_view = memoryview(packed)
+        for j, k in enumerate(shard.tolist()):  # one copy (or read) a piece: per sample, never per token
+            oa, oz, ma, mz = out_at[j], out_at[j + 1], mask_at[j], mask_end[j]
+            if mapped is not None:
+                ta = tok_at[j]
+                view[oa:oz] = mapped(self._tok_names[k])[ta : ta + oz - oa]
+                packed_view[packed_at[j] : packed_at[j + 1]] = mapped(self._mask_names[k])[ma:mz]
+            else:
+                self._files.read_into(self._tok_names[k], tok_at[j], raw[oa:oz])
+                self._files.read_into(self._mask_names[k], ma, packed[packed_at[j] : packed_at[j + 1]])
+        if mapped is not None:
+            self._served[0] += raw.size
+            if self._served[0] > _RELEASE_BYTES:
+                self._release()
         ids = raw.view(self._dtype).astype(np.int64)
-        if ids.size and int(ids.max()) >= self._vocab:  # checksums passed: a store written with a bad id
-            raise SnapshotError(
-                f"{self.path}: token id {int(ids.max())} outside the vocabulary ({self._vocab})"
-            )
         bits = np.unpackbits(packed, bitorder="little")
         mask = bits[_ragged_arange(bits_at[:-1] * 8 + local_a % 8, sizes)].astype(bool)
         return ids, mask
@@ -250,8 +402,9 @@ class TokenStore:
 
     def close(self) -> None:
         """Close the open files and drop the index maps (the store stays usable: they reopen, pinned)."""
+        self._shard_arrays.clear()
         self._files.close()
-        self._arrays = {}
+        self._arrays, self._offsets_view, self._fast, self._fast_ids = {}, None, None, None
 
     def __enter__(self) -> TokenStore:
         return self
@@ -261,7 +414,9 @@ class TokenStore:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_arrays"] = {}
+        state.update(
+            _arrays={}, _offsets_view=None, _served=[0], _shard_arrays={}, _fast=None, _fast_ids=None
+        )
         return state
 
     def __del__(self) -> None:
