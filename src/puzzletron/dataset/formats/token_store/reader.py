@@ -42,6 +42,7 @@ __all__ = ["TOKEN_STORE_FORMAT", "TOKEN_STORE_VERSION", "TokenStore", "pread_int
 
 _INDEX_CHUNK = 1 << 20  # samples of the index checked at a time
 _RELEASE_BYTES = 64 << 20  # bytes copied out of mapped shards between two releases of their pages
+_FEW_RANGES = 256  # a read of at most this many ranges takes them one by one (`_piece`), no array work
 _MAPPED_SHARDS = 48  # shards whose files a reader keeps as arrays over their mappings
 # bits of each byte value, least significant first, as bools: a lookup that unpacks mask bytes
 _BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").view(bool)
@@ -340,6 +341,15 @@ class TokenStore:
         starts, stops = starts[keep], stops[keep]
         first = np.searchsorted(self._bounds, starts, side="right") - 1
         last = np.searchsorted(self._bounds, stops - 1, side="right") - 1
+        if 0 < starts.size <= _FEW_RANGES and np.array_equal(first, last):  # a batch's samples, none crossing
+            bounds = self._bounds_list
+            pieces = [
+                self._piece(k, a - bounds[k], b - a)
+                for k, a, b in zip(first.tolist(), starts.tolist(), stops.tolist(), strict=True)
+            ]
+            if len(pieces) == 1:
+                return pieces[0]
+            return np.concatenate([p[0] for p in pieces]), np.concatenate([p[1] for p in pieces])
         # one piece per (range, shard it touches), in output order
         shard = _ragged_arange(first, last - first + 1)
         owner = np.repeat(np.arange(starts.size), last - first + 1)
