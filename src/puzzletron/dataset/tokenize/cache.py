@@ -35,39 +35,24 @@ __all__ = ["cache_path", "find_store"]
 _LOG = logging.getLogger(__name__)
 
 
-def _matches(folder: Path, identity: Mapping[str, Any], digest: str) -> bool:
-    """Whether ``folder`` holds a complete token store of ``identity`` (its manifest's hash first)."""
+def _matches(location: Path | str, identity: Mapping[str, Any], digest: str) -> bool:
+    """Whether ``location`` (a folder or an URL) holds a complete token store of ``identity`` (its
+    manifest's hash first)."""
     try:
-        with open(folder / MANIFEST, "rb") as handle:
-            recorded = json.load(handle)
-    except (OSError, ValueError):
-        return False
-    if not isinstance(recorded, dict) or recorded.get("identity_sha256") != digest:
-        return False
-    try:
-        complete = read_complete_manifest(folder)
-    except SnapshotError as exc:
-        _LOG.warning(
-            "passing over %s, a token store of the wanted identity that is not complete: %s", folder, exc
-        )
-        return False
-    return complete.get("identity") == identity
-
-
-def _matches_remote(url: str, identity: Mapping[str, Any], digest: str) -> bool:
-    """`_matches` for a store on object storage."""
-    try:
-        raw = RemoteFiles(url, cache=None).read_bytes(MANIFEST)
+        if isinstance(location, Path):
+            raw = (location / MANIFEST).read_bytes()
+        else:
+            raw = RemoteFiles(location, cache=None).read_bytes(MANIFEST)
         recorded = json.loads(raw)
-    except (SnapshotError, ValueError):
+    except (OSError, ValueError):  # SnapshotError is a ValueError
         return False
     if not isinstance(recorded, dict) or recorded.get("identity_sha256") != digest:
         return False
     try:
-        complete = read_complete_manifest(url)
+        complete = read_complete_manifest(location)
     except SnapshotError as exc:
         _LOG.warning(
-            "passing over %s, a token store of the wanted identity that is not complete: %s", url, exc
+            "passing over %s, a token store of the wanted identity that is not complete: %s", location, exc
         )
         return False
     return complete.get("identity") == identity
@@ -91,7 +76,7 @@ def _find_remote(cache_dir: str, identity: Mapping[str, Any], digest: str) -> st
 
     for folder in sorted(filter(visible, folders), key=lambda f: (f != digest[:16], f)):
         url = join_url(cache_dir, folder) if folder else cache_dir
-        if _matches_remote(url, identity, digest):
+        if _matches(url, identity, digest):
             return url
     return None
 
