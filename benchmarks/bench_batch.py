@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from puzzletron.dataset import DataLayout, PackedSequenceMetadata, PuzzletronBatch
+from puzzletron.dataset.batch import _validation
 from puzzletron.dataset.batch import segments as _segments
 from puzzletron.dataset.batch._fingerprint import fingerprint_of
 from puzzletron.dataset.batch.cp import load_balanced_cp_indices
@@ -25,15 +26,19 @@ from puzzletron.dataset.batch.segments import canonical_packed_ids
 __all__ = ["main"]
 
 
-def median_ms(fn: Callable[[], object], *, repeats: int = 21, warmup: int = 3) -> float:
+def timings_ms(fn: Callable[[], object], *, repeats: int = 21, warmup: int = 3) -> list[float]:
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def median_ms(fn: Callable[[], object], *, repeats: int = 21, warmup: int = 3) -> float:
+    return statistics.median(timings_ms(fn, repeats=repeats, warmup=warmup))
 
 
 def packed_raw_ids(rows: int, length: int, samples_per_row: int, *, seed: int = 0) -> torch.Tensor:
@@ -116,7 +121,7 @@ def main() -> None:
     )
 
     pixels = torch.randn(16 * 1024 * 1024 // 1, dtype=torch.float32).reshape(-1, 1024)  # 64 MiB
-    grid = torch.tensor([[1, 128, 128]] * 8)
+    grid = torch.tensor([[1, 32, 64]] * 8)  # 8 images of 2,048 patches: the 16,384 rows of pixels
     mb = pixels.numel() * pixels.element_size() / 2**20
 
     def build() -> PuzzletronBatch:
@@ -134,6 +139,30 @@ def main() -> None:
         )
 
     print(f"construct a batch holding {mb:.0f} MB of pixel_values: {median_ms(build):.2f} ms (target <= 5)")
+
+    def build_packed() -> PuzzletronBatch:
+        """The issue-17 figure: a packed 8x16,384 batch with 64 MB of pixels, every construction rule on."""
+        return batch.replace_model_kwargs(pixel_values=pixels, image_grid_thw=grid)
+
+    batch = dataclasses.replace(
+        batch, sequence=dataclasses.replace(batch.sequence, media_counts=torch.ones(8, dtype=torch.long))
+    )
+    packed_pixels = build_packed()
+
+    def one_by_one() -> None:
+        """The same rules evaluated one by one (what validation did before issue 17's fast pass)."""
+        checks = _validation._Checks()
+        _validation._token_value_rules(packed_pixels, checks)
+        _validation._check_cu_values(packed_pixels, 8, 16_384, checks, packed=True)
+        _validation._check_grids(packed_pixels.model_kwargs, checks)
+        assert checks.first_failure() is None
+
+    for name, fn in (("construct", build_packed), ("  the value rules one by one (before)", one_by_one)):
+        times = timings_ms(fn, repeats=51, warmup=5)
+        print(
+            f"{name} a packed 8x16384 batch with {mb:.0f} MB of pixels: "
+            f"median {statistics.median(times):.3f} ms, min {min(times):.3f} ms (target <= 1, median and min)"
+        )
     hash_ms = median_ms(lambda: fingerprint_of(pixels), repeats=7, warmup=1)
     print(f"fingerprint throughput: {mb / (hash_ms / 1e3):.0f} MB/s (target >= 500)")
     whole_ms = median_ms(lambda: build().fingerprint, repeats=7, warmup=1)

@@ -163,6 +163,8 @@ def bench_build(work: Path, n_rows: int, repeats: int) -> dict[str, Any]:
 def synthetic_store(path: Path, tokens: int, *, seed: int = 0, rows_per_shard: int = 65_536) -> Path:
     """A token store of about ``tokens`` tokens from synthetic ids (uint16, vocab 32,000), written through the
     format's own shard writer and assembler; reused when ``path`` already holds one."""
+    from puzzletron.dataset.formats.manifest import canonical_sha256
+    from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
     from puzzletron.dataset.formats.token_store.writer import ShardWriter, assemble_store
     from puzzletron.dataset.storage.atomic import staging_dir
 
@@ -185,14 +187,20 @@ def synthetic_store(path: Path, tokens: int, *, seed: int = 0, rows_per_shard: i
         writer.add(ids, mask, part, [f"synthetic-{i:09d}" for i in range(a, b)], supervised=part)
         records.append(writer.finish(rows=(a, b)))
         dirs.append(shard)
+    identity = {
+        "format": TOKEN_STORE_FORMAT,
+        "version": TOKEN_STORE_VERSION,
+        "snapshot": {"synthetic": True, "seed": seed, "tokens": tokens, "rows": n},
+        "options": {"rows_per_shard": rows_per_shard},
+    }
     fields = {
-        "identity": {"synthetic": True, "seed": seed, "tokens": tokens},
-        "identity_sha256": "0" * 64,
+        "identity": identity,
+        "identity_sha256": canonical_sha256(identity),
         "token_dtype": "uint16",
         "vocab_size": 32_000,
         "pad_token_id": 0,
         "rows_per_shard": rows_per_shard,
-        "built_with": "benchmarks/bench_store.py synthetic ids",
+        "built_with": {"benchmark": "benchmarks/bench_store.py synthetic ids"},
     }
     with staging_dir(path) as tmp:
         assemble_store(tmp, dirs, records, fields=fields)

@@ -4,7 +4,10 @@ tokenize, token-store, pipeline and CLI tests build on.
 
 ``fixture_hub`` generates the four fixture repositories once per session (about a second);
 ``hub_endpoint`` serves them with olah and points ``HF_ENDPOINT`` at it, with a session-temporary
-``HF_HOME`` so no Hub cache leaks between runs (the library reads both at call time). Fixtures one folder
+``HF_HOME`` so no Hub cache leaks between runs (the library reads both at call time). ``s3_endpoint``
+serves an S3-compatible store (moto's server, a process on loopback) for the session, with the client's
+environment (``AWS_ENDPOINT_URL``, test credentials) pointing at it; ``bucket`` empties it and gives each
+test ``s3://bkt`` and a fresh object cache. Fixtures one folder
 alone uses live in that folder's ``conftest.py``.
 """
 
@@ -17,6 +20,7 @@ import pytest
 
 from puzzletron.fixtures.hub import FixtureHub, generate_fixture_hub
 from puzzletron.fixtures.mirror import serve_hub
+from puzzletron.fixtures.object_store import client_environment, create_bucket, reset, serve_object_store
 
 pytest_plugins = ["_token_store_fixtures", "_vlm_fixtures"]  # `tokenizer_dir`, `snapshot`; VLM subset, stores
 
@@ -66,3 +70,27 @@ def hub_endpoint(fixture_hub: FixtureHub, tmp_path_factory: pytest.TempPathFacto
             yield endpoint
         finally:
             env.restore()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A running S3-compatible server on loopback; the backend's environment points at it."""
+    env = _SessionEnv()
+    with serve_object_store() as endpoint:
+        for name, value in client_environment(endpoint).items():
+            env.set(name, value)
+        try:
+            yield endpoint
+        finally:
+            env.restore()
+
+
+@pytest.fixture
+def bucket(
+    s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """``s3://bkt`` on an emptied server, and an empty object cache (``PUZZLETRON_OBJECT_CACHE``)."""
+    reset(s3_endpoint)
+    create_bucket(s3_endpoint, "bkt")
+    monkeypatch.setenv("PUZZLETRON_OBJECT_CACHE", str(tmp_path_factory.mktemp("object-cache")))
+    return "s3://bkt"

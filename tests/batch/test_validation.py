@@ -264,7 +264,10 @@ def test_media_counts_must_match_image_grid_rows() -> None:
             {"model_kwargs": {"input_ids": torch.ones(2, 3, dtype=torch.long).to_sparse()}},
             "dense .*sparse_coo",
         ),
-        ({"labels": torch.ones(2, 3)}, "labels must hold integer token ids; got dtype torch.float32"),
+        (
+            {"labels": torch.ones(2, 3)},
+            "labels must hold integer token ids of dtype int32 or int64; got torch.fl",
+        ),
         ({"labels": torch.full((2, 3), float("nan"))}, "labels must hold integer token ids"),
         ({"labels": torch.full((2, 3), -5)}, "labels must be token ids >= 0 or -100"),
         ({"hidden_mask": torch.full((2, 3), float("nan"))}, "hidden_mask must hold only 0 and 1"),

@@ -14,12 +14,20 @@ from pathlib import Path
 
 import pytest
 
+from puzzletron.fixtures.faults import OutboundTrap
+
 CLI = [sys.executable, "-m", "puzzletron.cli"]
 
 
-def _run(args: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    return subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+def _run(
+    args: list[str], *, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | (env or {})
+    return subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout, env=clean, check=False)
+
+
+DEMO_TOKEN = "hf_demo_must_never_send_this"
+_OUTBOUND: list[tuple[str, str]] = []  # what the demo run tried to send off the machine
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +35,15 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Completed
     workdir = tmp_path_factory.mktemp("demo")
     # Debris of an interrupted hub generation: the run must clear it, not trip over it.
     (workdir / "hub.partial" / "mirrors").mkdir(parents=True)
-    return _run(["demo", "--workdir", str(workdir)], timeout=180), workdir
+    # A user's token in the environment, and every non-loopback request sent to a trap that refuses it.
+    with OutboundTrap() as trap:
+        result = _run(
+            ["demo", "--workdir", str(workdir)],
+            timeout=180,
+            env={"HF_TOKEN": DEMO_TOKEN, **trap.environment()},
+        )
+    _OUTBOUND[:] = trap.requests
+    return result, workdir
 
 
 STAGE_LINE = r"^\s+(ok|FAIL)\s+[\d.]+ s  \[(\d)\] (.+)$"
@@ -198,3 +214,12 @@ def test_a_workdir_that_is_a_file_is_a_usage_error(tmp_path, capsys):
     path.write_text("not a folder")
     assert main(["demo", "--workdir", str(path)]) == 2
     assert capsys.readouterr().err == f"puzzletron-data demo: --workdir {path}: File exists\n"
+
+
+@pytest.mark.slow
+def test_the_demo_sends_nothing_off_the_machine_and_records_no_token(demo):
+    result, workdir = demo
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert _OUTBOUND == []  # not even huggingface_hub's own registry fetch
+    snapshots = [p for p in (workdir / "snapshots").rglob("*") if p.is_file()]
+    assert snapshots and not any(DEMO_TOKEN.encode() in p.read_bytes() for p in snapshots)

@@ -149,3 +149,23 @@ def test_torchrun_builds_one_store_cooperatively_with_the_bytes_of_one_process(
     assert sorted(line["rank"] for line in lines) == [0, 1]
     assert {line["status"] for line in lines} == {"done"}
     assert _tree(together) == _tree(alone)
+
+
+def test_tokenize_verify_and_inspect_take_urls(snapshot, tokenizer_dir, bucket, capsys) -> None:
+    url = f"{bucket}/stores/pk"
+    assert main(_args(snapshot, tokenizer_dir, url)) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["path"], line["manifest"]) == ("done", url, f"{url}/manifest.json")
+    assert main(_args(snapshot, tokenizer_dir, url)) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "reused"
+    assert main(["verify", url, "--json"]) == 0
+    verified = json.loads(capsys.readouterr().out)
+    assert (verified["status"], verified["sample_count"]) == ("ok", line["sample_count"])
+    assert main(["inspect", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes_on_disk"] == line["bytes_on_disk"]
+    from puzzletron.dataset.storage.objects import Objects
+
+    objects = Objects(url)
+    objects.put_bytes("index/ids.bin", objects.get("index/ids.bin")[::-1])  # damaged after publication
+    assert main(["verify", url]) == 1
+    assert "index/ids.bin: SHA-256 differs from the manifest" in capsys.readouterr().out

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import random
+from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
 
 from _conversation_samples import jpeg_bytes, pil_image, png_bytes
-from puzzletron.dataset.conversation.images import encode_image, extension_for
+from puzzletron.dataset.conversation.images import DECODED_FORMATS, encode_image, extension_for
 from puzzletron.dataset.errors import ConversationError, ImageError
+from puzzletron.fixtures.hostile import eps_bytes, exif_rotated_jpeg
 
 
 def test_jpeg_bytes_are_kept_exactly_with_recorded_metadata():
@@ -87,7 +91,7 @@ def test_truncated_and_garbage_bytes_are_errors_naming_the_field():
     data = jpeg_bytes(8, (64, 64))
     with pytest.raises(ImageError, match=r"row 'r2' image 0: undecodable or truncated"):
         encode_image(data[: len(data) // 2], where="row 'r2' image 0")
-    with pytest.raises(ImageError, match=r"row 'r2' image 1: not a decodable image"):
+    with pytest.raises(ImageError, match=r"row 'r2' image 1: not an image in a decoded format"):
         encode_image(b"this is not an image", where="row 'r2' image 1")
     with pytest.raises(ImageError, match=r"row 'r2' image 2: empty image bytes"):
         encode_image(b"", where="row 'r2' image 2")
@@ -147,3 +151,35 @@ def test_an_inconsistent_encoded_image_is_an_error_naming_the_field(change, patt
         change = {**change, "sha256": hashlib.sha256(change["data"]).hexdigest()}
     with pytest.raises(ImageError, match=rf"row 'r7' image 0: {pattern}"):
         encode_image(dataclasses.replace(encoded, **change), where="row 'r7' image 0")
+
+
+def test_only_the_decoded_raster_formats_are_opened_and_eps_never_reaches_ghostscript(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "gs").write_text(f"#!/bin/sh\ntouch {tmp_path / 'gs-ran'}\nexit 1\n")
+    (tools / "gs").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(ImageError) as exc:
+        encode_image(eps_bytes(), where="row 3 image 0")
+    assert str(exc.value).startswith("row 3 image 0: not an image in a decoded format (PNG, JPEG, MPO, WEBP")
+    assert "starting b'%!PS-Ado'" in str(exc.value) and not (tmp_path / "gs-ran").exists()
+    buffer = io.BytesIO()
+    pil_image(4).save(buffer, format="ICO")  # a format Pillow reads, but not one decoded here
+    with pytest.raises(ImageError, match="not an image in a decoded format"):
+        encode_image(buffer.getvalue())
+    assert set(DECODED_FORMATS) == {"PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP", "TIFF"}
+
+
+@pytest.mark.parametrize(
+    ("orientation", "shown"), [(1, (40, 24)), (3, (40, 24)), (6, (24, 40)), (8, (24, 40))]
+)
+def test_an_exif_turned_jpeg_is_recorded_with_the_size_it_is_shown_at(
+    orientation: int, shown: tuple[int, int]
+) -> None:
+    data = exif_rotated_jpeg(random.Random(0), (40, 24), orientation)
+    out = encode_image(data)
+    assert (out.width, out.height) == shown and out.data == data  # bytes kept, tag and all
+    with Image.open(io.BytesIO(data)) as img:  # the independent reference: Pillow's own transpose
+        assert ImageOps.exif_transpose(img).size == shown

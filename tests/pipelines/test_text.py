@@ -262,3 +262,47 @@ def test_under_a_process_group_its_rank_0_reports(
     finally:
         dist.destroy_process_group()
     assert len(_messages(caplog)) == 1  # the process group's rank 0, whatever dp_rank says
+
+
+# ------------------------------------------------------------------------------- a store on object storage
+
+
+def _rank_reads(url: str, rank: int, out) -> None:
+    spec = PuzzletronDataSpec(
+        "text", "packed_varlen", 4096, PackingSpec(pack_size=4096, long_samples="split")
+    )
+    batches = build_batches(url, spec=spec, batch_size=2, dp_rank=rank, dp_size=2, seed=3)
+    loader = batches.loader(num_workers=1)
+    out.put((rank, [batch.fingerprint for batch in batches], [batch.fingerprint for batch in loader]))
+
+
+def test_two_ranks_read_a_store_at_an_url_as_they_read_it_on_disk(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, bucket: str
+) -> None:
+    import multiprocessing
+
+    options = TokenizeOptions(rows_per_shard=ROWS_PER_SHARD)
+    url = build_token_store(snapshot, tokenizer=tokenizer_dir, output=f"{bucket}/pk", options=options)
+    local = build_token_store(snapshot, tokenizer=tokenizer_dir, output=tmp_path / "pk", options=options)
+    spec = PuzzletronDataSpec(
+        "text", "packed_varlen", 4096, PackingSpec(pack_size=4096, long_samples="split")
+    )
+    want = {
+        r: [
+            b.fingerprint for b in build_batches(local, spec=spec, batch_size=2, dp_rank=r, dp_size=2, seed=3)
+        ]
+        for r in (0, 1)
+    }
+    fork = multiprocessing.get_context("fork")
+    out = fork.Queue()
+    ranks = [fork.Process(target=_rank_reads, args=(url, r, out)) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    got = {rank: (direct, loaded) for rank, direct, loaded in (out.get(timeout=120) for _ in ranks)}
+    for p in ranks:
+        p.join(60)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    assert {r: got[r][0] for r in (0, 1)} == want == {r: got[r][1] for r in (0, 1)}
+    assert want[0] and set(want[0]).isdisjoint(want[1])
+    with pytest.raises(SubsetError, match="not a token store; build_batches reads token stores at URLs"):
+        build_batches(f"{bucket}/nothing", spec=spec, batch_size=2)

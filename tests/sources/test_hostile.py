@@ -28,6 +28,7 @@ from puzzletron.cli import main
 from puzzletron.dataset import (
     TextAcquisitionSpec,
     VlmAcquisitionSpec,
+    formats,
     materialize_intersyn_subset,
     materialize_nemotron_vlm_dataset,
     materialize_puzzle_kd_dataset,
@@ -35,7 +36,9 @@ from puzzletron.dataset import (
 from puzzletron.dataset.conversation.images import HUB_REFERENCE_REASON, encode_image
 from puzzletron.dataset.errors import AcquisitionError, ConversationError, ImageError
 from puzzletron.dataset.formats.subset import materialize_normalized_conversation_samples, verify_subset
+from puzzletron.dataset.formats.text_snapshot import load_text_split
 from puzzletron.dataset.sources import hub as _hub
+from puzzletron.dataset.tokenize import tokenize_conversations
 from puzzletron.fixtures.faults import FaultProxy
 from puzzletron.fixtures.hostile import (
     BAIT_IMAGE,
@@ -96,12 +99,14 @@ def _reasons(manifest: dict) -> dict:
     return {r["row_id"]: r["reason"] for r in manifest["diagnostics"]["rejected_rows"]}
 
 
-def _nothing_outside(hostile: HostileHub, opened: list[tuple[str, bool]], output: Path) -> None:
+def _nothing_outside(
+    hostile: HostileHub, opened: list[tuple[str, bool]], output: Path, *, also: tuple[str, ...] = ()
+) -> None:
     """Nothing under the bait folder was opened, and nothing was written outside the output's folder and
-    the Hub cache."""
+    the Hub cache (and `also`)."""
     assert not [p for p, _ in opened if p.startswith(str(hostile.bait))], opened
     assert sorted(p.name for p in hostile.bait.iterdir()) == ["leak.png", "notes.txt"]
-    allowed = (str(output.parent), os.path.abspath(os.environ["HF_HOME"]))
+    allowed = (str(output.parent), os.path.abspath(os.environ["HF_HOME"]), *also)
     assert not [p for p, writing in opened if writing and not p.startswith(allowed)], opened
 
 
@@ -112,6 +117,11 @@ def test_nemotron_rows_naming_local_files_are_rejected_with_one_reason_and_nothi
     hostile: HostileHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(hostile.bait)  # the relative reference "leak.png" would resolve to the bait here
+    tools = tmp_path / "bin"  # a Ghostscript that leaves a mark: Pillow runs `gs` to load EPS bytes
+    tools.mkdir()
+    (tools / "gs").write_text(f"#!/bin/sh\ntouch {tmp_path / 'gs-ran'}\nexit 1\n")
+    (tools / "gs").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
     spec = VlmAcquisitionSpec(
         output_dir=tmp_path / "vlm",
         subsets=("leaky", "leaky_external", "plain"),
@@ -131,11 +141,17 @@ def test_nemotron_rows_naming_local_files_are_rejected_with_one_reason_and_nothi
             HUB_REFERENCE_REASON
         ), (row_id, reasons[row_id])
     assert "1000 frames of 8000x8000" in reasons["apng-bomb"]
+    assert "not an image in a decoded format (PNG, JPEG" in reasons["eps-postscript"]
+    assert any("holds '\\ud800', a lone surrogate escape, which is not text" in r for r in reasons.values())
+    assert reasons["huge-reply"] == (
+        "turn 1 has 2097153 bytes of text; the bound is 2097152 (max_turn_bytes)"
+    ), reasons["huge-reply"]
+    assert "b'%!PS-Ado'" in reasons["eps-postscript"] and not (tmp_path / "gs-ran").exists()
     assert "field 'messages'" in reasons["messages-a-number"]
     by_reason = {reason: row_id for row_id, reason in reasons.items()}
     assert any("is not valid UTF-8" in r for r in by_reason), reasons  # that line alone, named by offset
     assert sum("nests JSON more than 64 levels" in r for r in by_reason) == 2, reasons
-    _nothing_outside(hostile, opened, tmp_path / "vlm")
+    _nothing_outside(hostile, opened, tmp_path / "vlm", also=(str(tools),))
     bait = hashlib.sha256((hostile.bait / BAIT_IMAGE).read_bytes()).hexdigest()
     assert bait not in {image["sha256"] for image in manifest["images"]}
     assert verify_subset(tmp_path / "vlm").ok
@@ -228,6 +244,32 @@ def test_puzzle_kd_rows_without_the_messages_structure_are_refused_at_materialis
     with pytest.raises(ConversationError, match=re.escape(says)):
         materialize_puzzle_kd_dataset(spec)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        ("not-utf8", "its text is not valid UTF-8"),
+        ("huge-reply", "turn 2 has 2097153 bytes of text; the bound is 2097152 (max_turn_bytes)"),
+    ],
+)
+def test_a_hostile_puzzle_kd_row_is_rejected_alone_and_what_is_published_decodes(
+    hostile: HostileHub, tmp_path: Path, tokenizer_dir: Path, case: str, says: str
+) -> None:
+    spec = {"source": HOSTILE_PUZZLE_KD, "revision": hostile.revisions[case], "validation_samples": 8}
+    manifest = materialize_puzzle_kd_dataset(
+        TextAcquisitionSpec(output_dir=tmp_path / "pkd", train_samples=38, **spec)
+    )
+    rejected = manifest["diagnostics"]["rejected_rows"]
+    assert [(r["split"], r["reason"]) for r in rejected] == [("train", says)] * 2, rejected
+    assert manifest["splits"] == {"train": 38, "validation": 8} and formats.verify(tmp_path / "pkd").ok
+    tokenized = tokenize_conversations(load_text_split(tmp_path / "pkd"), tokenizer=tokenizer_dir)
+    assert len(tokenized.samples) + tokenized.skipped == 38
+    with pytest.raises(AcquisitionError, match=r"only 38/40 rows"):  # the two are not made up by others
+        materialize_puzzle_kd_dataset(
+            TextAcquisitionSpec(output_dir=tmp_path / "all", train_samples=40, **spec)
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkd"]
 
 
 def test_the_good_commit_before_the_hostile_puzzle_kd_cases_materialises(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -159,3 +162,35 @@ def test_a_waiter_survives_the_failed_holder_removing_the_parent(tmp_path):
     assert waited == [True]
     assert (dest / "x").read_text() == "second"
     assert sorted(p.name for p in dest.parent.iterdir()) == ["dest"]
+
+
+_HOLD_AND_DIE = """
+import os, signal, sys, time
+from pathlib import Path
+from puzzletron.dataset.storage.atomic import locked
+with locked(Path(sys.argv[1])):
+    child = os.fork()
+    if child == 0:  # a worker that outlives its parent
+        time.sleep(60)
+        os._exit(0)
+    print(child, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # killed while holding the lock: no release runs
+"""
+
+
+def test_a_forked_child_never_holds_its_parents_lock(tmp_path):
+    dest = tmp_path / "dest"
+    done = subprocess.run([sys.executable, "-c", _HOLD_AND_DIE, str(dest)], capture_output=True, text=True)
+    child = int(done.stdout.split()[0])
+    try:
+        lock = tmp_path / ".dest.lock"  # left behind by the killed parent, its child still alive
+        assert lock.exists() and os.path.exists(f"/proc/{child}")
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: the child closed its copy at fork
+        finally:
+            os.close(fd)
+        with locked(dest):
+            pass
+    finally:
+        os.kill(child, signal.SIGKILL)

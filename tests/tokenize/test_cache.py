@@ -31,7 +31,7 @@ def _never(*args: object, **kwargs: object) -> None:
 def no_tokenising(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every way to tokenise (store shards, the tokenizer, the in-memory path) fails the test."""
     monkeypatch.setattr(build_store, "tokenize_rows", _never)
-    monkeypatch.setattr(build_store, "load_tokenizer", _never)
+    monkeypatch.setattr(build_store, "chat_tokenizer", _never)
     monkeypatch.setattr(pipeline, "tokenize_conversations", _never)
 
 
@@ -57,7 +57,7 @@ def test_build_batches_reuses_the_store_tokenize_wrote_under_the_cache_dir(
     capsys.readouterr()
     named = build_batches(stores / "puzzle-kd", spec=SPEC, batch_size=2)  # the store itself
     monkeypatch.setattr(build_store, "tokenize_rows", _never)
-    monkeypatch.setattr(build_store, "load_tokenizer", _never)
+    monkeypatch.setattr(build_store, "chat_tokenizer", _never)
     monkeypatch.setattr(pipeline, "tokenize_conversations", _never)
     batches = build_batches(
         snapshot, tokenizer=tokenizer_dir, spec=SPEC, batch_size=2, cache_dir=stores, options=OPTIONS

@@ -90,7 +90,7 @@ def test_a_store_is_reused_without_loading_the_tokenizer_or_tokenising(
         raise AssertionError("a reused store must not load the tokenizer or tokenise")
 
     monkeypatch.setattr(build_store, "tokenize_rows", never)
-    monkeypatch.setattr(build_store, "load_tokenizer", never)
+    monkeypatch.setattr(build_store, "chat_tokenizer", never)
     assert _build(snapshot, tokenizer_dir, cache_dir=cache) == path
     assert _build(snapshot, tokenizer_dir, output=path) == path  # the same store named directly
     assert sorted(p.name for p in cache.iterdir()) == [path.name]

@@ -64,11 +64,13 @@ def folder_facts(path: str | Path) -> dict[str, Any]:
     from puzzletron.dataset import formats
 
     info = formats.describe(path)
-    root = Path(info["path"])
+    root = str(info["path"])
     return {
-        "path": str(root),
+        "path": root,
         "format": info["format"],
-        "manifest": str(root / formats.MANIFEST),
+        "manifest": f"{root.rstrip('/')}/{formats.MANIFEST}"
+        if "://" in root
+        else str(Path(root, formats.MANIFEST)),
         **counts_of(info),
     }
 

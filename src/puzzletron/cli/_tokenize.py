@@ -1,12 +1,14 @@
 """`puzzletron-data tokenize SOURCE (--tokenizer DIR | --processor DIR) (--output STORE | --cache-dir DIR)`:
-build or reuse a token store or a VLM store.
+build or reuse a token store, or a VLM store.
 
-The command dispatches on the source's format. A text snapshot (``--tokenizer``): one split tokenised with
-the tokenizer's chat template into a token store (``docs/token-store-format.md``,
-`puzzletron.dataset.tokenize.store.build_token_store`). A conversation subset (``--processor``, a
-Qwen2-VL-family processor directory): every sample tokenised with the processor's chat template, image
-placeholders expanded as the processor expands them, into a VLM store (``docs/vlm-store-format.md``,
-`puzzletron.dataset.tokenize.vlm_store.build_vlm_store`). ``--output`` puts
+The command dispatches on the source's format: a conversation subset with ``--processor`` (a Qwen2-VL-family
+processor directory) becomes a VLM store (``docs/vlm-store-format.md``,
+`puzzletron.dataset.tokenize.vlm_store.build_vlm_store`: every sample tokenised with the processor's chat
+template, image placeholders expanded as the processor expands them); anything else is read as a text
+snapshot with ``--tokenizer``, as follows.
+
+Tokenises one split of a text snapshot with the tokenizer's chat template into a token store
+(``docs/token-store-format.md``, `puzzletron.dataset.tokenize.store.build_token_store`). ``--output`` puts
 it exactly there; ``--cache-dir`` reuses a store of the same identity anywhere under that folder (also one
 an earlier ``--output`` put there), else builds one at ``DIR/<identity hash>``: the same lookup
 `build_batches(..., cache_dir=DIR)` does, so the two never tokenise twice. Shows a progress bar of rows on
@@ -67,89 +69,129 @@ class _Bar:
             self.bar.close()
 
 
-def _existing(args: argparse.Namespace, identity: Any, complete: Any = None) -> Path | None:
+def _existing(args: argparse.Namespace, options: Any) -> Path | None:
     """The complete store this run would reuse, if there is one (read before building)."""
     from puzzletron.dataset.formats import MANIFEST
-    from puzzletron.dataset.tokenize import find_store
+    from puzzletron.dataset.formats.text_snapshot import open_split
+    from puzzletron.dataset.storage.objects import is_url
+    from puzzletron.dataset.tokenize import find_store, store_identity
 
+    if args.output is not None and is_url(args.output):
+        return args.output if _remote_manifest(args.output) else None
     if args.output is not None:
         return Path(args.output) if (Path(args.output) / MANIFEST).is_file() else None
-    return find_store(args.cache_dir, identity, **({"complete": complete} if complete else {}))
+    identity = store_identity(
+        open_split(args.snapshot, args.split), tokenizer=args.tokenizer, options=options
+    )
+    return find_store(args.cache_dir, identity)
 
 
-def _source_format(source: Path) -> str | None:
-    """The format of the folder given as the source; a store is refused with what to do with it (the text
-    reader would only say it is not a text snapshot)."""
+def _remote_manifest(url: str) -> bool:
+    """Whether a manifest is published at the URL prefix."""
+    from puzzletron.dataset.formats import MANIFEST
+    from puzzletron.dataset.storage.objects import Objects
+
+    return MANIFEST in Objects(url).list()
+
+
+def _refuse_a_store(snapshot: Path) -> str | None:
+    """A token or VLM store given as the snapshot: say what to do with it (the text reader would only say it
+    is not a text snapshot); else the source's format (None: not one the registry knows)."""
     from puzzletron.dataset.errors import SnapshotError
     from puzzletron.dataset.formats import detect
     from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT
     from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT
 
     try:
-        kind = detect(source)
+        kind = detect(snapshot)
     except SnapshotError:
         return None  # no folder, no manifest: the snapshot reader says what is wrong
     if kind in (TOKEN_STORE_FORMAT, VLM_STORE_FORMAT):
+        what = "a token store" if kind == TOKEN_STORE_FORMAT else "a VLM store"
         raise SnapshotError(
-            f"{source} is a {'token' if kind == TOKEN_STORE_FORMAT else 'VLM'} store already, not a text "
-            "snapshot or a subset: the pipelines, pack-report and the AutoModel factories read it as it is "
-            "(tokenize its source to build another)"
+            f"{snapshot} is {what} already, not a text snapshot: the pipelines, pack-report and the "
+            "AutoModel factories read it as it is (tokenize its snapshot to build another)"
         )
     return kind
 
 
-def _build(args: argparse.Namespace, bar: _Bar | None) -> tuple[Path, Path | None]:
-    """Build or reuse the store `args` ask for: (its path, the store that was there before or None)."""
-    from puzzletron.dataset.config import TokenizeOptions
+def _tokenize_subset(args: argparse.Namespace) -> int:
+    """A conversation subset -> its VLM store (``--processor``; cooperative under a launcher as well)."""
+    from puzzletron.dataset.distributed.collectives import launched_group
     from puzzletron.dataset.errors import ConfigError
-    from puzzletron.dataset.formats.subset import SUBSET_FORMAT
-    from puzzletron.dataset.formats.text_snapshot import open_split
-    from puzzletron.dataset.formats.vlm_store import read_complete_manifest
-    from puzzletron.dataset.tokenize import build_token_store, build_vlm_store, store_identity
-    from puzzletron.dataset.tokenize.identity import vlm_store_identity
+    from puzzletron.dataset.formats import MANIFEST
+    from puzzletron.dataset.formats.vlm_store import VlmStore, read_complete_manifest
+    from puzzletron.dataset.tokenize import build_vlm_store, find_store, vlm_store_identity
     from puzzletron.dataset.tokenize.vlm_store import DEFAULT_ROWS_PER_SHARD
 
     source = Path(args.snapshot)
-    if _source_format(source) == SUBSET_FORMAT:
-        if args.processor is None or args.tokenizer is not None:
-            raise ConfigError(f"{source} is a conversation subset: give --processor DIR (not --tokenizer)")
-        per = args.rows_per_shard or DEFAULT_ROWS_PER_SHARD
+    if args.processor is None or args.tokenizer is not None:
+        raise ConfigError(f"{source} is a conversation subset: give --processor DIR (not --tokenizer)")
+    per = args.rows_per_shard or DEFAULT_ROWS_PER_SHARD
+    if args.output is not None:
+        existed = (Path(args.output) / MANIFEST).is_file()
+    else:
         identity = vlm_store_identity(source, processor=args.processor, rows_per_shard=per)
-        existed = _existing(args, identity, read_complete_manifest)
-        path = build_vlm_store(
-            source, processor=Path(args.processor), output=args.output, cache_dir=args.cache_dir,
-            rows_per_shard=per, num_proc=args.num_proc, progress=bar,
-        )  # fmt: skip
-        return path, existed
-    if args.tokenizer is None or args.processor is not None:
-        raise ConfigError(f"{source} is not a conversation subset: give --tokenizer DIR for a text snapshot")
-    options = TokenizeOptions(messages_field=args.messages_field, id_field=args.id_field or None)
-    if args.rows_per_shard is not None:
-        options = dataclasses.replace(options, rows_per_shard=args.rows_per_shard)
-    existed = _existing(
-        args, store_identity(open_split(source, args.split), tokenizer=args.tokenizer, options=options)
-    )
-    path = build_token_store(
-        source, tokenizer=Path(args.tokenizer), output=args.output, cache_dir=args.cache_dir,
-        split=args.split, num_proc=args.num_proc, options=options, progress=bar,
-    )  # fmt: skip
-    return path, existed
+        existed = find_store(args.cache_dir, identity, complete=read_complete_manifest) is not None
+    bar = _Bar() if not args.quiet and sys.stderr.isatty() else None
+    try:
+        with launched_group() as dist:
+            rank = dist.get_rank() if dist is not None else None
+            path = build_vlm_store(
+                source, processor=Path(args.processor), output=args.output, cache_dir=args.cache_dir,
+                rows_per_shard=per, num_proc=args.num_proc, progress=bar,
+            )  # fmt: skip
+    finally:
+        if bar is not None:
+            bar.close()
+    digest = VlmStore(path).manifest["identity_sha256"]
+    ranked = {"rank": rank} if rank is not None else {}
+    emit("tokenize", "reused" if existed else "done", **folder_facts(path), identity_sha256=digest, **ranked)
+    return 0
 
 
 def _tokenize(args: argparse.Namespace) -> int:
+    from puzzletron.dataset.config import TokenizeOptions
     from puzzletron.dataset.distributed.collectives import launched_group
-    from puzzletron.dataset.formats.manifest import MANIFEST, load_json
+    from puzzletron.dataset.errors import ConfigError
+    from puzzletron.dataset.formats.subset import SUBSET_FORMAT
+    from puzzletron.dataset.formats.token_store import TokenStore
+    from puzzletron.dataset.storage.atomic import total_publications
+    from puzzletron.dataset.tokenize import build_token_store
 
+    if _refuse_a_store(Path(args.snapshot)) == SUBSET_FORMAT:
+        return _tokenize_subset(args)
+    if args.tokenizer is None or args.processor is not None:
+        raise ConfigError(
+            f"{args.snapshot} is not a conversation subset: give --tokenizer DIR for a text snapshot"
+        )
+    options = TokenizeOptions(messages_field=args.messages_field, id_field=args.id_field or None)
+    if args.rows_per_shard is not None:
+        options = dataclasses.replace(options, rows_per_shard=args.rows_per_shard)
+    existed = _existing(args, options)
+    published = total_publications()
     bar = _Bar() if not args.quiet and sys.stderr.isatty() else None
     try:  # a library error or OSError goes to `puzzletron.cli.main`: ConfigError exits 2, others 1
         with launched_group() as dist:
             rank = dist.get_rank() if dist is not None else None
-            path, existed = _build(args, bar)
+            path = build_token_store(
+                Path(args.snapshot),
+                tokenizer=Path(args.tokenizer),
+                output=args.output,
+                cache_dir=args.cache_dir,
+                split=args.split,
+                num_proc=args.num_proc,
+                options=options,
+                progress=bar,
+            )
     finally:
         if bar is not None:
             bar.close()
-    status = "reused" if existed is not None else "done"
-    digest = load_json(path / MANIFEST, "the manifest")["identity_sha256"]
+    # "done" only where this process published the store (or built it with its ranks): a run that waited
+    # for a concurrent one's lock and found the store published says "reused"
+    built = dist is not None or total_publications() > published
+    status = "reused" if existed is not None or not built else "done"
+    digest = TokenStore(path).manifest["identity_sha256"]
     ranked = {"rank": rank} if rank is not None else {}  # under a launcher every rank prints its line
     emit("tokenize", status, **folder_facts(path), identity_sha256=digest, **ranked)
     return 0
@@ -176,14 +218,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument(
-        "--output", default=None, metavar="DIR", help="token store directory (created atomically)"
+        "--output",
+        default=None,
+        metavar="DIR",
+        help="token store directory (created atomically), or an URL (s3://bucket/prefix: object storage)",
     )
     where.add_argument(
         "--cache-dir",
         metavar="DIR",
         default=None,
         help="reuse the store of this identity anywhere under DIR, else build DIR/<identity hash> "
-        "(build_batches' cache_dir)",
+        "(build_batches' cache_dir; an URL too)",
     )
     parser.add_argument("--split", default="train", help="split to tokenise (default train)")
     parser.add_argument("--num-proc", type=_positive, default=1, help="worker processes (default 1)")

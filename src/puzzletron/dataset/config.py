@@ -36,13 +36,39 @@ from puzzletron.dataset._checks import (
 from puzzletron.dataset._enums import DataLayout, Modality
 from puzzletron.dataset.errors import ConfigError
 
-__all__ = ["LONG_SAMPLE_POLICIES", "PackingSpec", "PuzzletronDataSpec", "TokenizeOptions"]
+__all__ = [
+    "LONG_SAMPLE_POLICIES",
+    "MAX_ROW_BYTES",
+    "MAX_TURN_BYTES",
+    "PackingSpec",
+    "PuzzletronDataSpec",
+    "TokenizeOptions",
+    "check_size_limits",
+]
+
+# Size bounds of Hub text (docs/trust-model.md, "Size bounds"): the UTF-8 bytes of one turn's text, and of
+# a whole row's. Far above any real conversation (2 MiB is ~500k tokens), far below what blows up memory.
+MAX_TURN_BYTES = 2 * 2**20
+MAX_ROW_BYTES = 4 * 2**20
 
 _PACKING_KEYS = ("pack_size", "packing_ratio", "drop_long_samples", "long_samples")
 # What happens to a sample longer than pack_size (docs: puzzletron.dataset.packing._units).
 LONG_SAMPLE_POLICIES = ("drop", "raise", "truncate", "split")
 _SPEC_KEYS = ("modality", "layout", "max_sample_length", "packing")
-_TOKENIZE_KEYS = ("messages_field", "id_field", "rows_per_shard")
+_IDENTITY_KEYS = ("messages_field", "id_field", "rows_per_shard")  # what the tokens depend on
+_TOKENIZE_KEYS = (*_IDENTITY_KEYS, "max_turn_bytes", "max_row_bytes")
+
+
+def check_size_limits(owner: Any, turn: Any, row: Any) -> tuple[int, int]:
+    """``(max_turn_bytes, max_row_bytes)`` checked: ints >= 1 with the turn bound <= the row bound;
+    `ConfigError` naming `owner` otherwise."""
+    turn = require_int(turn, f"{owner}.max_turn_bytes", minimum=1, error=ConfigError)
+    row = require_int(row, f"{owner}.max_row_bytes", minimum=1, error=ConfigError)
+    if turn > row:
+        raise ConfigError(f"{owner}.max_turn_bytes ({turn}) is larger than max_row_bytes ({row})")
+    return turn, row
+
+
 _MAX_TOKENS = 2**31 - 1  # token counts and offsets are int32 at the model boundary (cu_seqlens)
 
 
@@ -222,7 +248,10 @@ class TokenizeOptions:
     ``messages_field``: the column holding ``[{role, content}]`` turns; ``id_field``: the column naming a
     sample (None, or a column the rows lack: the row index); ``rows_per_shard``: rows of the split per
     store shard (fixed row ranges, so a store's bytes do not depend on the number of processes or ranks).
-    How a build runs (processes, batch size) is not an option: it never changes the tokens.
+    ``max_turn_bytes`` / ``max_row_bytes``: a row with a turn (or all its text) over these UTF-8 sizes is
+    an error naming it (`MAX_TURN_BYTES`, `MAX_ROW_BYTES`); they never change the tokens of a build that
+    succeeds, so they are not part of the identity. How a build runs (processes, batch size) is not an
+    option: it never changes the tokens.
 
     >>> TokenizeOptions().identity()
     {'messages_field': 'messages', 'id_field': 'uuid', 'rows_per_shard': 65536}
@@ -233,6 +262,8 @@ class TokenizeOptions:
     messages_field: str = "messages"
     id_field: str | None = "uuid"
     rows_per_shard: int = 65_536
+    max_turn_bytes: int = MAX_TURN_BYTES
+    max_row_bytes: int = MAX_ROW_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.messages_field, str) or not self.messages_field:
@@ -241,10 +272,13 @@ class TokenizeOptions:
             raise ConfigError(f"id_field must be a column name or None, got {self.id_field!r}")
         object.__setattr__(self, "id_field", self.id_field or None)
         require_positive(self.rows_per_shard, "rows_per_shard", error=ConfigError)
+        limits = check_size_limits("TokenizeOptions", self.max_turn_bytes, self.max_row_bytes)
+        object.__setattr__(self, "max_turn_bytes", limits[0])
+        object.__setattr__(self, "max_row_bytes", limits[1])
 
     def identity(self) -> dict[str, Any]:
-        """The JSON-ready ``options`` of a store identity (every field)."""
-        return {name: getattr(self, name) for name in _TOKENIZE_KEYS}
+        """The JSON-ready ``options`` of a store identity (every field the tokens depend on)."""
+        return {name: getattr(self, name) for name in _IDENTITY_KEYS}
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | TokenizeOptions | None) -> TokenizeOptions:

@@ -148,7 +148,10 @@ def _bomb(monkeypatch):
 
 BAD_SAMPLES = {
     "truncated image": (lambda mp: _with_image(jpeg_bytes(2)[:300]), "undecodable or truncated"),
-    "undecodable image": (lambda mp: _with_image(b"GIF89a-not-really"), "not a decodable image|undecodable"),
+    "undecodable image": (
+        lambda mp: _with_image(b"GIF89a-not-really"),
+        "not an image in a decoded format|undecodable",
+    ),
     "url image": (lambda mp: _with_image("https://example.com/x.png"), "never downloads"),
     "src struct": (lambda mp: _with_image({"src": "https://datasets-server/x.jpg"}), "never downloads"),
     "missing image": (lambda mp: _with_image(None), r"content\[0\]\.image'.*missing"),

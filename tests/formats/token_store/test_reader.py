@@ -148,10 +148,11 @@ def test_verify_catches_a_tampered_shard_and_the_reader_refuses_its_ids(
     assert not report.ok
     assert any("000002.tokens: SHA-256 differs" in p for p in report.problems)
     assert any("token id 65535 is outside the vocabulary" in p for p in report.problems)
-    store = TokenStore(store_dir)  # sizes match: opening succeeds, reading the damaged bytes does not
+    store = TokenStore(store_dir)  # sizes match: opening succeeds, reading the damaged block does not
     first = store.manifest["shards"][2]["tokens"][0]
-    with pytest.raises(SubsetError, match="outside the vocabulary"):
+    with pytest.raises(SubsetError, match=r"000002\.tokens: bytes 0\.\.\d+ \(block 0\) do not match"):
         store.read([first], [first + 200])
+    assert np.array_equal(store.read([0], [first])[0], TokenStore(store_path).read([0], [first])[0])
 
 
 @pytest.mark.parametrize("change", ["truncate", "extend", "remove"])
@@ -187,7 +188,7 @@ def test_verify_catches_an_inconsistent_index_behind_matching_hashes(
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("version", 2, "token store version 2 is not supported"),
+    ("version", 1, "token store version 1 is not supported"),
     ("format", "puzzletron-text-snapshot", "not a token store"),
 ])  # fmt: skip
 def test_the_reader_refuses_another_version_or_format(
@@ -218,18 +219,18 @@ def test_a_store_collected_at_interpreter_exit_closes_its_files_silently(
 ) -> None:
     """At exit Python sets a module's globals to None before the last objects are collected; the store's
     finaliser must neither need them nor print ``Exception ignored in TokenStore.__del__``."""
-    from puzzletron.dataset.formats import shards
     from puzzletron.dataset.formats.token_store import reader
+    from puzzletron.dataset.storage import local
 
     store = TokenStore(store_path)
     store.read(store.offsets[[0]], store.offsets[[1]])
-    fds = [fd for pair in store._shards._fds.values() for fd in pair]  # the open shard files
+    fds = list(store._files._fds.values())  # the pinned files it read through
     assert fds
     unraisable: list[object] = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-    for module in (reader, shards):
+    for module in (reader, local):
         for name in [n for n in vars(module) if not n.startswith("__")]:
-            monkeypatch.setattr(module, name, None)  # what interpreter shutdown does to the modules
+            monkeypatch.setattr(module, name, None)  # what interpreter shutdown does to the module
     del store
     gc.collect()
     monkeypatch.undo()
@@ -237,3 +238,91 @@ def test_a_store_collected_at_interpreter_exit_closes_its_files_silently(
     for fd in fds:
         with pytest.raises(OSError):
             os.fstat(fd)  # closed
+
+
+def test_one_sample_reads_give_what_read_gives_for_every_sample(store_path: Path) -> None:
+    store = TokenStore(store_path)
+    offsets = np.asarray(store.offsets)
+    for reader in (store, pickle.loads(pickle.dumps(store))):
+        for i in [*range(len(store)), 0, len(store) - 1]:  # every sample, then again (verified, mapped)
+            ids, mask = reader.read(offsets[i : i + 1], offsets[i + 1 : i + 2])
+            one_ids, one_mask = reader.sample(i)
+            assert one_ids.dtype == np.int64 and one_mask.dtype == np.bool_
+            assert np.array_equal(one_ids, ids) and np.array_equal(one_mask, mask)
+            assert np.array_equal(reader.tokens(i), ids)
+    with pytest.raises(IndexError, match=f"sample index {len(store)} out of range"):
+        store.sample(len(store))
+    with pytest.raises(IndexError, match="sample index -1 out of range"):
+        store.tokens(-1)
+    store.close()  # closing drops the mappings; the next read maps again
+    assert np.array_equal(store.tokens(3), store.read(offsets[3:4], offsets[4:5])[0])
+
+
+def _forge(store_dir: Path, rel: str, data: bytes) -> None:
+    """Replace a shard file and make the block checksums and the manifest agree with it (a forger's store:
+    only the content checks can refuse it)."""
+    import hashlib
+
+    from puzzletron.dataset.formats.blocks import block_sums
+
+    (store_dir / rel).write_bytes(data)
+    manifest = json.loads((store_dir / "manifest.json").read_text())
+    records = {r["path"]: r for r in manifest["files"]}
+    records[rel]["sha256"] = hashlib.sha256(data).hexdigest()
+    sums = [block_sums((store_dir / r["path"]).read_bytes()) for r in manifest["files"]
+            if r["path"] != "index/blocks.u64"]  # fmt: skip
+    blocks = np.concatenate(sums).astype("<u8").tobytes()
+    (store_dir / "index/blocks.u64").write_bytes(blocks)
+    records["index/blocks.u64"]["sha256"] = hashlib.sha256(blocks).hexdigest()
+    (store_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def test_an_id_outside_the_vocabulary_behind_matching_checksums_is_refused_by_every_read(
+    store_path: Path, tmp_path: Path
+) -> None:
+    store_dir = _copy(store_path, tmp_path)
+    data = bytearray((store_dir / "shards/000001.tokens").read_bytes())
+    data[10:12] = (65535).to_bytes(2, "little")
+    _forge(store_dir, "shards/000001.tokens", bytes(data))
+    for read in (
+        lambda s: s.sample(int(np.searchsorted(s.offsets, s.manifest["shards"][1]["tokens"][0]))),
+        lambda s: s.tokens(int(np.searchsorted(s.offsets, s.manifest["shards"][1]["tokens"][0]))),
+        lambda s: s.read(s.offsets[:-1], s.offsets[1:]),
+    ):
+        with pytest.raises(SubsetError, match=r"000001\.tokens: token id 65535 outside the vocabulary"):
+            read(TokenStore(store_dir))
+
+
+def _resident_kib(path: Path) -> int:
+    """KiB of `path`'s mappings resident in this process (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc/self/smaps (Linux)")
+def test_an_epoch_of_reads_keeps_the_mapped_shard_resident_below_the_release_bound(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from puzzletron.dataset.formats.token_store import reader as token_reader
+
+    one_shard = TokenizeOptions(rows_per_shard=TRAIN_ROWS)  # a 500 KiB token file
+    path = build_token_store(snapshot, tokenizer=tokenizer_dir, output=tmp_path / "one", options=one_shard)
+    monkeypatch.setattr(token_reader, "_RELEASE_BYTES", 16 * 1024)
+    store = TokenStore(path)
+    shard = (path / "shards" / "000000.tokens").resolve()
+    released, release = [], store._files.release
+    store._files.release = lambda: (released.append(_resident_kib(shard)), release())  # type: ignore[method-assign]
+    for i in range(len(store)):
+        store.sample(i)
+    # a release every 16 KiB copied out: the walk's pages never pile up (their granularity is the file
+    # system's: 4 KiB pages, 64 KiB fault-around, or 2 MiB huge pages on tmpfs)
+    longest = 2 * int(store.lengths.max())  # a release comes before the read after the bound was passed
+    assert len(released) >= store.num_tokens * 2 // (16 * 1024 + longest) and max(released) > 0
+    assert _resident_kib(shard) <= max(released)
+    store._files.release()
+    assert released[-1] > 0 and _resident_kib(shard) == 0

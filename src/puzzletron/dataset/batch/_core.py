@@ -40,11 +40,14 @@ from puzzletron.dataset.batch._metadata import PackedSequenceMetadata
 from puzzletron.dataset.batch._tables import from_fields
 from puzzletron.dataset.errors import BatchValidationError
 
-__all__ = ["MAX_PAD_MULTIPLE", "PuzzletronBatch", "token_targets"]
+__all__ = ["MAX_PAD_MULTIPLE", "MAX_PAD_TOKENS", "PuzzletronBatch", "token_targets"]
 
 # A pipeline schedule pads to its microbatch count; anything this large is a mistake, not a schedule (and
 # 2**40 padding rows would be an allocation failure deep inside torch).
 MAX_PAD_MULTIPLE = 2**16
+# The padding rows' tokens one call may add (about 20 bytes a token over labels, masks and kwargs: ~300 MB):
+# a multiple that would pad 2 x 4,096 tokens to 2**16 rows is refused before anything is allocated.
+MAX_PAD_TOKENS = 2**24
 
 
 @dataclass(frozen=True, eq=False)
@@ -242,7 +245,8 @@ class PuzzletronBatch:
         ``cu_seqlens`` with ``[0, -1, ...]``, mRoPE ``[R, B, T]`` on dim 1, per-row counts such as
         ``n_videos_per_sample`` with 0), labels -100, masks False, ``seq_ids`` -1, ``media_counts`` 0. Media
         tensors are the same objects, global cu is untouched, flash ``cu_seq_lens_q/k`` are dropped,
-        ``sample_ids`` (when given) gain ``__pp_padding_<i>``.
+        ``sample_ids`` (when given) gain ``__pp_padding_<i>``. Padding of more than `MAX_PAD_TOKENS` tokens
+        is refused before anything is allocated.
         """
         multiple = require_int(
             multiple, "multiple", minimum=1, maximum=MAX_PAD_MULTIPLE, error=BatchValidationError
@@ -250,6 +254,12 @@ class PuzzletronBatch:
         extra = (-self.batch_size) % multiple
         if extra == 0:
             return self
+        if extra * self.sequence_length > MAX_PAD_TOKENS:
+            raise BatchValidationError(
+                f"pad_batch_to_multiple({multiple}) would add {extra} rows of {self.sequence_length} tokens "
+                f"({extra * self.sequence_length} > MAX_PAD_TOKENS = {MAX_PAD_TOKENS}); a pipeline schedule "
+                "pads to its microbatch count"
+            )
         return _splits.padded(self, extra)
 
     def pp_microbatches(self, n_microbatches: int) -> tuple[PuzzletronBatch, ...]:

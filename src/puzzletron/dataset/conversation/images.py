@@ -15,6 +15,13 @@ array) are encoded, as PNG. Every image is fully decoded once, so truncated data
 (more than `Image.MAX_IMAGE_PIXELS` pixels) are caught here, not in a training job. The work is bounded over
 all frames too: an animation (APNG, GIF, WebP, multi-page TIFF) whose frames x canvas pixels exceed
 `Image.MAX_IMAGE_PIXELS` is refused from its header, before any frame is decoded.
+
+Only the raster formats of `DECODED_FORMATS` are decoded (``docs/trust-model.md``, "Image decoders"): Pillow
+is never asked to open anything else, so bytes in another format (EPS and PostScript, which Pillow hands to
+Ghostscript; PDF, ICNS, FITS, ...) are an `ImageError` naming their first bytes, one rejected row. The width
+and height recorded are the image as displayed: a JPEG (or WebP, PNG, TIFF) whose EXIF orientation turns it
+by 90 degrees (orientations 5-8) has them swapped, as every loader that honours the tag
+(``ImageOps.exif_transpose``, transformers' ``load_image``) shows it.
 """
 
 from __future__ import annotations
@@ -28,11 +35,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from puzzletron.dataset.errors import ImageError
 
-__all__ = ["HUB_REFERENCE_REASON", "EncodedImage", "decode_rgb", "encode_image", "extension_for"]
+__all__ = [
+    "DECODED_FORMATS",
+    "HUB_REFERENCE_REASON",
+    "EncodedImage",
+    "decode_rgb",
+    "encode_image",
+    "extension_for",
+]
 
 # The one reason a Hub row's image reference that is not inside the downloaded files is refused with: it says
 # nothing about the local file system (the file is never looked at). See docs/trust-model.md.
@@ -41,6 +55,12 @@ HUB_REFERENCE_REASON = (
     "(Hub data may not name local files)"
 )
 
+# The raster formats Pillow may decode here (its format names); MPO is a JPEG with extra frames, opened by
+# Pillow's JPEG opener (which is why it is not one of the openers named to `Image.open`).
+DECODED_FORMATS = ("PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP", "TIFF")
+_OPENERS = tuple(f for f in DECODED_FORMATS if f != "MPO")
+_EXIF_ORIENTATION = 0x0112
+_TURNED = {5, 6, 7, 8}  # EXIF orientations that rotate by 90 or 270 degrees (width and height swap)
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://|^data:", re.ASCII)
 _EXTENSIONS = {"JPEG": ".jpg", "MPO": ".jpg", "PNG": ".png", "WEBP": ".webp", "GIF": ".gif", "TIFF": ".tiff"}
 # PNG can hold these modes as they are; anything else (CMYK, YCbCr, ...) is converted to RGB(A) first.
@@ -92,14 +112,24 @@ def _check_pixels(width: int, height: int, where: str, frames: int = 1) -> None:
         )
 
 
+def _orientation(img: Image.Image) -> int:
+    """The EXIF orientation tag (1 when absent or unreadable)."""
+    try:
+        value = img.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # a damaged EXIF block is no reason to refuse the pixels
+        return 1
+    return value if isinstance(value, int) else 1
+
+
 def _decode(data: bytes, where: str) -> tuple[str, int, int]:
-    """Fully decode `data` (format, width, height); raise `ImageError` naming `where` on any defect."""
+    """Fully decode `data` (format, width and height as displayed); raise `ImageError` naming `where` on any
+    defect, and for any format outside `DECODED_FORMATS` without decoding it."""
     if not data:
         raise ImageError(f"{where}: empty image bytes; expected an encoded image (PNG, JPEG, WebP, ...)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
+            with Image.open(io.BytesIO(data), formats=_OPENERS) as img:
                 fmt, (width, height) = img.format, img.size
                 frames = getattr(img, "n_frames", 1)  # from the header (APNG acTL, WebP, ...): no decoding
                 _check_pixels(width, height, where, frames if isinstance(frames, int) else 1)
@@ -107,14 +137,21 @@ def _decode(data: bytes, where: str) -> tuple[str, int, int]:
                 for frame in range(1, frames):
                     img.seek(frame)
                     img.load()
+                if _orientation(img) in _TURNED:
+                    width, height = height, width
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageError(f"{where}: decompression bomb: {exc}") from exc
     except UnidentifiedImageError as exc:
-        raise ImageError(f"{where}: not a decodable image ({len(data)} bytes): {exc}") from exc
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise ImageError(f"{where}: undecodable or truncated image ({len(data)} bytes): {exc}") from exc
+        raise ImageError(
+            f"{where}: not an image in a decoded format ({', '.join(DECODED_FORMATS)}): {len(data)} bytes "
+            f"starting {data[:8]!r}"
+        ) from exc
+    except Exception as exc:  # a plugin's own failure (struct.error, IndexError, ...): this image alone
+        raise ImageError(
+            f"{where}: undecodable or truncated image ({len(data)} bytes): {type(exc).__name__}: {exc}"
+        ) from exc
     if not fmt or width <= 0 or height <= 0:
         raise ImageError(f"{where}: image has no format or an empty size ({fmt!r}, {width}x{height})")
     return fmt, width, height
@@ -194,7 +231,8 @@ def encode_image(value: Any, *, where: str = "image", local_paths: bool = True) 
         if filename and Path(filename).is_file() and value.format:
             data = Path(filename).read_bytes()
             kept = _kept(data, f"{where} (file {filename})")
-            if (kept.width, kept.height) == value.size and kept.format == value.format:
+            shown = {(kept.width, kept.height), (kept.height, kept.width)}  # EXIF may turn what is recorded
+            if value.size in shown and kept.format == value.format:
                 return kept
         return _png(value, where)
     if isinstance(value, bytes | bytearray | memoryview):
@@ -229,13 +267,15 @@ def encode_image(value: Any, *, where: str = "image", local_paths: bool = True) 
 
 
 def decode_rgb(data: bytes, *, where: str = "image") -> Image.Image:
-    """The image of encoded `data`, decoded and converted to RGB as the VLM pipeline feeds processors:
-    ``Image.open(BytesIO(data)).convert("RGB")``, no EXIF rotation (so its size is the one a subset's
-    manifest records). `ImageError` naming `where` when it does not decode."""
+    """The image of encoded `data` as the VLM pipeline feeds processors, and as transformers' ``load_image``
+    gives it: decoded (only `DECODED_FORMATS`), turned by its EXIF orientation (so its size is the one a
+    subset's manifest records) and converted to RGB. `ImageError` naming `where` when it does not decode."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as image:
-                return image.convert("RGB")
+            with Image.open(io.BytesIO(data), formats=_OPENERS) as image:
+                if _orientation(image) == 1:
+                    return image.convert("RGB")
+                return ImageOps.exif_transpose(image).convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError, Warning) as exc:
         raise ImageError(f"{where}: cannot decode the image ({type(exc).__name__}: {exc})") from exc

@@ -2,8 +2,8 @@
 
 One sub-package per format (``subset/``, ``text_snapshot/``, ``token_store/``, ``vlm_store/``),
 ``manifest`` (what they all share: hashing, manifest reading, file checks), and what the two sharded stores
-share: ``binary`` (hashed files, strings, positional reads), ``shards`` (token shards, index parts,
-completeness) and ``shard_verify``. Each snapshot is a directory whose ``manifest.json``
+share: ``binary`` (files hashed as written, strings, ragged ranges) and ``blocks`` (block checksums,
+verified on first read). Each snapshot is a directory whose ``manifest.json``
 names its format (``"format"``) and version:
 
 ================================== ============================== =====================================
@@ -33,13 +33,15 @@ layout). Adding a format is one entry in `FORMATS`.
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.errors import SnapshotError
-from puzzletron.dataset.formats.manifest import MANIFEST, VerifyReport, load_json
+from puzzletron.dataset.formats.manifest import MANIFEST, VerifyReport, load_json, parse_json
 from puzzletron.dataset.formats.subset import (
     SUBSET_FORMAT,
     describe_subset,
@@ -66,6 +68,8 @@ from puzzletron.dataset.formats.vlm_store import (
     render_vlm_store,
     verify_vlm_store,
 )
+from puzzletron.dataset.storage.objects import Objects, is_url, join_url, url_name
+from puzzletron.dataset.storage.sources import open_source
 
 __all__ = [
     "FORMATS",
@@ -138,20 +142,47 @@ def format_of(manifest: Any, where: str = MANIFEST) -> str:
 
 
 def detect(path: str | Path) -> str:
-    """The format name of the snapshot at `path`, read from its ``manifest.json``."""
+    """The format name of the snapshot at `path` (a folder or an URL), read from its ``manifest.json``."""
+    if is_url(path):
+        where = join_url(str(path), MANIFEST)
+        try:
+            raw = open_source(str(path), cache=None).read_bytes(MANIFEST)
+            return format_of(parse_json(raw, "the manifest"), where)
+        except SnapshotError as exc:
+            raise SnapshotError(f"{where}: no snapshot there ({exc})") from None
+        except ValueError as exc:
+            raise SnapshotError(f"{where}: {exc}") from None
     manifest_path = _folder(path) / MANIFEST
     return format_of(load_json(manifest_path, "the manifest"), str(manifest_path))
 
 
+def _downloaded(url: str, run: Callable[[Path], Any]) -> Any:
+    """`run(folder)` on a temporary local copy of every object under `url` (formats read whole: a subset,
+    a text snapshot)."""
+    with tempfile.TemporaryDirectory(prefix="puzzletron-fetch-") as tmp:
+        folder = Path(tmp) / url_name(url)
+        Objects(url).download(folder)
+        return run(folder)
+
+
 def verify(path: str | Path) -> VerifyReport:
-    """Verify the snapshot at `path` with its format's verifier; a directory whose format cannot be told
-    is a report with that one problem (never an exception)."""
-    root = Path(path).absolute()
+    """Verify the snapshot at `path` (a folder or an URL) with its format's verifier; a directory whose
+    format cannot be told is a report with that one problem (never an exception). A token store at an URL
+    is streamed once; another format is downloaded to a temporary folder and verified there."""
+    root: Any = str(path).rstrip("/") if is_url(path) else Path(path).absolute()
     try:
         name = detect(root)
     except SnapshotError as exc:
         return VerifyReport(str(root), 0, 0, (str(exc),))
-    return FORMATS[name].verify(root)
+    if isinstance(root, Path) or name == TOKEN_STORE_FORMAT:
+        return FORMATS[name].verify(root)
+
+    def local(folder: Path) -> VerifyReport:
+        report = FORMATS[name].verify(folder)
+        problems = tuple(p.replace(str(folder), root) for p in report.problems)
+        return dataclasses.replace(report, path=root, problems=problems)
+
+    return _downloaded(root, local)
 
 
 def _folder(path: str | Path) -> Path:
@@ -165,6 +196,11 @@ def _folder(path: str | Path) -> Path:
 def describe(path: str | Path) -> dict[str, Any]:
     """The summary of the snapshot at `path` its format gives (``format`` names it); `SnapshotError` when the
     directory holds no snapshot of a known format."""
+    if is_url(path):
+        url, name = str(path).rstrip("/"), detect(path)
+        if name == TOKEN_STORE_FORMAT:
+            return FORMATS[name].describe(url)
+        return _downloaded(url, lambda folder: {**FORMATS[name].describe(folder), "path": url})
     root = Path(path).absolute()
     return FORMATS[detect(root)].describe(root)
 

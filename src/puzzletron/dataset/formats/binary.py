@@ -1,5 +1,5 @@
-"""The binary pieces the sharded formats (token store, VLM store) share: a file hashed as it is written,
-strings stored as UTF-8 bytes cut by int64 offsets, positional reads, read-only memory maps, ragged ranges.
+"""The binary pieces the sharded formats (token store, VLM store) share: a file hashed (SHA-256 and block
+checksums) as it is written, strings stored as UTF-8 bytes cut by int64 offsets, ragged ranges.
 
 All integers are little-endian. A strings file pair is ``<name>.bin`` (UTF-8, concatenated) and
 ``<name>.i64`` (int64 ``[m + 1]`` byte offsets from 0)::
@@ -12,43 +12,48 @@ All integers are little-endian. A strings file pair is ``<name>.bin`` (UTF-8, co
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.formats import blocks as _blocks
+from puzzletron.dataset.storage.atomic import with_path
 
-__all__ = [
-    "HashingFile",
-    "encode_strings",
-    "memmap_array",
-    "pread_into",
-    "ragged_arange",
-    "read_strings",
-]
+__all__ = ["HashingFile", "encode_strings", "ragged_arange"]
 
 
 class HashingFile:
-    """A binary file written once, front to back, hashed (SHA-256) and counted as it is written."""
+    """A binary file written once, front to back, hashed (SHA-256 and block checksums, `formats.blocks`)
+    and counted as it is written."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fh = open(path, "wb")  # noqa: SIM115 (closed by `close`)
         self._digest = hashlib.sha256()
+        self._blocks = _blocks.BlockHasher()
         self.bytes = 0
+        self.block_sums = np.zeros(0, np.uint64)
 
     def write(self, data: bytes | np.ndarray) -> None:
         view = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
-        self._fh.write(view)
+        try:
+            self._fh.write(view)
+        except OSError as exc:  # a full disk: say which file
+            raise with_path(exc, self.path) from exc
         self._digest.update(view)
+        self._blocks.update(view)
         self.bytes += len(view)
 
     def close(self) -> dict[str, Any]:
-        """Close (the caller fsyncs the directory before renaming it); the file's ``{bytes, sha256}``."""
-        self._fh.close()
+        """Close (the caller fsyncs the directory before renaming it); the file's ``{bytes, sha256}``; its
+        block checksums are then `block_sums`."""
+        try:
+            self._fh.close()
+        except OSError as exc:
+            raise with_path(exc, self.path) from exc
+        self.block_sums = self._blocks.finish()
         return {"bytes": self.bytes, "sha256": self._digest.hexdigest()}
 
 
@@ -58,42 +63,6 @@ def encode_strings(strings: Sequence[str]) -> tuple[bytes, np.ndarray]:
     offsets = np.zeros(len(encoded) + 1, dtype="<i8")
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
     return b"".join(encoded), offsets
-
-
-def pread_into(fd: int, out: np.ndarray, offset: int, where: str) -> None:
-    """Fill the contiguous array `out` from byte `offset` of `fd`; `SnapshotError` on a short file."""
-    view, done = memoryview(out).cast("B"), 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise SnapshotError(f"{where}: ends at byte {offset + done}; {len(view) - done} more expected")
-        done += got
-
-
-def read_strings(path: Path, offsets: np.ndarray, indices: np.ndarray) -> list[str]:
-    """Strings `indices` of a strings file (UTF-8 bytes cut by int64 `offsets` ``[m + 1]``)."""
-    if not len(indices):
-        return []
-    begin, end = offsets[indices], offsets[np.asarray(indices) + 1]
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        out = []
-        for a, b in zip(begin.tolist(), end.tolist(), strict=True):  # one read a string
-            buf = np.empty(b - a, np.uint8)
-            pread_into(fd, buf, a, str(path))
-            out.append(buf.tobytes().decode("utf-8"))
-        return out
-    finally:
-        os.close(fd)
-
-
-def memmap_array(path: Path, dtype: str, count: int) -> np.ndarray:
-    """A read-only ``[count]`` view of the file (a memmap; numpy cannot map an empty file)."""
-    if count == 0:
-        empty = np.zeros(0, dtype)
-        empty.setflags(write=False)
-        return empty
-    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
 
 
 def ragged_arange(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -23,6 +24,7 @@ __all__ = [
     "VerifyReport",
     "acquisition_mismatch",
     "bytes_on_disk",
+    "canonical_sha256",
     "check_file",
     "differing_keys",
     "human_size",
@@ -67,6 +69,16 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def canonical_sha256(value: Any) -> str:
+    """The hex SHA-256 of `value` as sorted, compact JSON (how an identity is named).
+
+    >>> canonical_sha256({"b": 1, "a": [2]}) == canonical_sha256({"a": [2], "b": 1})
+    True
+    """
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
 def _too_deep(value: Any, limit: int) -> bool:
     """Whether `value` nests lists/objects more than `limit` levels (iterative: no recursion)."""
     stack = [(value, 1)]
@@ -81,10 +93,29 @@ def _too_deep(value: Any, limit: int) -> bool:
     return False
 
 
+def _lone_surrogate(value: Any) -> str | None:
+    """The first string (key or value) of a parsed JSON value that holds a lone surrogate, or None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        texts = list(item) if isinstance(item, dict) else [item] if isinstance(item, str) else []
+        for text in texts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return text[exc.start : exc.end]
+        stack.extend(item.values() if isinstance(item, dict) else item if isinstance(item, list) else ())
+    return None
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
 def parse_json(data: bytes | str, what: str, *, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
     """The JSON value of `data` (UTF-8 when bytes); `ValueError` saying what is wrong with it: not UTF-8, not
-    JSON, or nested more than `max_depth` levels (the parser would otherwise hit `RecursionError`; with
-    ``max_depth=None`` only that is refused: for a caller that walks no nested value).
+    JSON, a string holding a lone surrogate (``"\\ud800"``: JSON allows the escape, but it is no text and
+    nothing can write it back), or nested more than `max_depth` levels (the parser would otherwise hit
+    `RecursionError`; with ``max_depth=None`` only that is refused: for a caller that walks no nested value).
 
     >>> parse_json(b'{"a": [1]}', "x")
     {'a': [1]}
@@ -108,6 +139,10 @@ def parse_json(data: bytes | str, what: str, *, max_depth: int | None = MAX_JSON
     if deep:
         limit = MAX_JSON_DEPTH if max_depth is None else max_depth  # a RecursionError is far past either
         raise ValueError(f"{what} nests JSON more than {limit} levels deep")
+    if _SURROGATE_ESCAPE.search(data):  # only then can a decoded string hold a lone surrogate
+        lone = _lone_surrogate(value)
+        if lone is not None:
+            raise ValueError(f"{what} holds {lone!r}, a lone surrogate escape, which is not text")
     return value
 
 

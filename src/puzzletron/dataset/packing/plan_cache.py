@@ -226,13 +226,18 @@ def store_plan(
     keep_at_least: Any = None,
 ) -> PackingPlan:
     """The plan of a store's samples (a token or VLM store: ``lengths``, ``manifest``, ``path``) through the
-    plan cache: in ``cache``, else ``cache_dir/.plans``, else ``.<store name>.plans`` beside the store
-    (hidden: a cache directory still lists only stores). Its lengths identity is the store's identity hash
+    plan cache: in ``cache``, else (a store or cache directory at an URL) this node's object cache, else
+    ``cache_dir/.plans``, else ``.<store name>.plans`` beside the store (hidden: a cache directory still
+    lists only stores). Its lengths identity is the store's identity hash
     and the SHA-256s of the index ``files`` the plan reads; a cache that cannot be written plans in memory
     (every rank does the work) with a warning."""
     from puzzletron.dataset.packing.sources import StoreNames
+    from puzzletron.dataset.storage.object_cache import ObjectCache
+    from puzzletron.dataset.storage.objects import is_url
 
-    if cache is None:
+    if cache is None and (is_url(store.path) or is_url(cache_dir)):  # this node's object cache
+        cache = ObjectCache.default().root / "plans"
+    elif cache is None:
         beside = store.path.with_name(f".{store.path.name}.plans")
         cache = Path(cache_dir, ".plans") if cache_dir is not None else beside
     digests = {r["path"]: r["sha256"] for r in store.manifest["files"]}

@@ -34,6 +34,7 @@ from puzzletron.dataset.packing.plan_cache import store_plan
 from puzzletron.dataset.packing.sources import StoreSamples
 from puzzletron.dataset.pipelines._batches import RankBatches
 from puzzletron.dataset.pipelines._report import LOG, BuildProgress, is_rank_zero, log_plan
+from puzzletron.dataset.storage.objects import is_url
 from puzzletron.dataset.tokenize import TokenizedText, build_token_store, tokenize_conversations
 
 __all__ = ["TextBatches", "build_batches", "is_token_store", "load_text_split"]
@@ -88,9 +89,13 @@ def build_batches(
     ``spec.packing.long_samples``, counted in ``plan``); ``padded_varlen`` pads right to the batch max
     rounded up to ``pad_to_multiple_of``; ``fixed`` pads or truncates to ``spec.max_sample_length``.
 
+    ``source`` and ``cache_dir`` may be URLs (``s3://bucket/stores/puzzle-kd``): the store is read through
+    the node's object cache (`puzzletron.dataset.storage.remote`; ``docs/object-storage.md``).
+
     From a token store the packing plan is planned once and memory-mapped by every rank and restart
     (`puzzletron.dataset.packing.plan_cache`): in ``plan_cache``, by default ``cache_dir/.plans``, else
-    ``.<store name>.plans`` beside the store (planned in memory when that folder cannot be written).
+    ``.<store name>.plans`` beside the store, for a store at an URL ``plans/`` in the node's object cache
+    (planned in memory when that folder cannot be written).
     """
     if Modality(spec.modality) is not Modality.TEXT:
         raise ConfigError(
@@ -153,6 +158,13 @@ def _tokenized(
 ) -> TokenizedText:
     """The tokenised samples of ``source``: from a token store (given, or built/reused in ``cache_dir``),
     else tokenised in memory; with ``report``, logged (`puzzletron.dataset.pipelines._report`)."""
+    if is_url(source):
+        if not is_token_store(source):
+            raise SnapshotError(
+                f"{source}: not a token store; build_batches reads token stores at URLs (build one with "
+                "`puzzletron-data tokenize SNAPSHOT --output URL` or cache_dir=URL)"
+            )
+        return _from_store(TokenStore(source))
     path = Path(source) if isinstance(source, str | Path) else None
     if path is not None and is_token_store(path):
         return _from_store(TokenStore(path))
@@ -194,6 +206,11 @@ def is_token_store(source: Any) -> bool:
     the rest)."""
     if not isinstance(source, str | Path):
         return False
+    if is_url(source):
+        try:
+            return detect(source) == TOKEN_STORE_FORMAT
+        except SnapshotError:
+            return False
     path = Path(source)
     if not (path / MANIFEST).is_file():
         return False

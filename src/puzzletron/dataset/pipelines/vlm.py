@@ -38,9 +38,8 @@ from puzzletron.dataset.distributed import DistributedPackSampler
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import MANIFEST, detect
 from puzzletron.dataset.formats.manifest import sha256_file
-from puzzletron.dataset.formats.shards import LENGTHS
 from puzzletron.dataset.formats.subset import SUBSET_FORMAT
-from puzzletron.dataset.formats.vlm_store import MEDIA_END, VLM_STORE_FORMAT, VlmStore
+from puzzletron.dataset.formats.vlm_store import MEDIA_END, TOKENS_MANIFEST, VLM_STORE_FORMAT, VlmStore
 from puzzletron.dataset.packing import PackingPlan, StoreNames, StoreSamples, plan_vlm, row_sums
 from puzzletron.dataset.packing.media import check_vlm_packing
 from puzzletron.dataset.packing.plan_cache import store_plan
@@ -109,7 +108,7 @@ def _plan(store: VlmStore, spec: PuzzletronDataSpec, *, seed: int, cache: Any, c
         seed=seed,
         cache=cache,
         cache_dir=cache_dir,
-        files=(LENGTHS, MEDIA_END),
+        files=(TOKENS_MANIFEST, MEDIA_END),
         estimated=True,
         keep_at_least=store.media_end,
     )  # fmt: skip  (estimated: packing_ratio caps the fill, its seed meaning)

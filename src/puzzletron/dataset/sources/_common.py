@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from puzzletron.dataset.config import MAX_ROW_BYTES, MAX_TURN_BYTES
 from puzzletron.dataset.conversation.images import encode_image
 from puzzletron.dataset.errors import AcquisitionError, ConversationError
 from puzzletron.dataset.formats.manifest import acquisition_mismatch, differing_keys
@@ -138,17 +139,48 @@ def _recordable(row_id: Any) -> Any:
     return repr(row_id)[:80]
 
 
+def _check_text(sample: dict[str, Any], max_turn_bytes: int, max_row_bytes: int) -> None:
+    """Refuse (`ConversationError`) text that is not text (a lone surrogate from a ``\\ud800`` escape) or
+    a turn or row over the size bounds (UTF-8 bytes of its text items)."""
+    total = 0
+    for t, turn in enumerate(sample["conversation"]):
+        size = 0
+        for item in turn["content"]:
+            text = item.get("text") if item.get("type") == "text" else None
+            if isinstance(text, str):
+                try:
+                    size += len(text.encode("utf-8"))
+                except UnicodeEncodeError as exc:
+                    raise ConversationError(
+                        f"turn {t} holds {text[exc.start : exc.end]!r}, a lone surrogate, which is not text"
+                    ) from None
+        if size > max_turn_bytes:
+            raise ConversationError(
+                f"turn {t} has {size} bytes of text; the bound is {max_turn_bytes} (max_turn_bytes)"
+            )
+        total += size
+    if total > max_row_bytes:
+        raise ConversationError(
+            f"the row has {total} bytes of text; the bound is {max_row_bytes} (max_row_bytes)"
+        )
+
+
 def screen(
-    row: Any, normalize: Callable[[Any], dict[str, Any]]
+    row: Any,
+    normalize: Callable[[Any], dict[str, Any]],
+    *,
+    max_turn_bytes: int = MAX_TURN_BYTES,
+    max_row_bytes: int = MAX_ROW_BYTES,
 ) -> tuple[dict[str, Any] | None, Any, str | None]:
-    """``(sample, row_id, None)`` for a row that normalises and whose images decode, else
-    ``(None, row_id, reason)``; a `RejectedRow` keeps the loader's reason. Every row is Hub data
-    (whichever loader produced it): no local file is read for it."""
+    """``(sample, row_id, None)`` for a row that normalises, whose text is text within the size bounds and
+    whose images decode, else ``(None, row_id, reason)``; a `RejectedRow` keeps the loader's reason. Every
+    row is Hub data (whichever loader produced it): no local file is read for it."""
     if isinstance(row, RejectedRow):
         return None, _recordable(row.row_id), row.reason
     row_id = _recordable(row.get("id") if isinstance(row, Mapping) else None)
     try:
         sample = normalize(row)
+        _check_text(sample, max_turn_bytes, max_row_bytes)
         _check_images(sample)
     except ConversationError as exc:
         return None, row_id, _reason(exc)

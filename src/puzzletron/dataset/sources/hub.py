@@ -6,8 +6,13 @@ locally: mirrors and proxies often ignore HTTP ``Range`` and answer with the who
 reader that seeks inside a remote parquet file. Callers fetch one shard at a time, in a seeded order, and
 stop as soon as they have enough rows, so a bounded snapshot downloads a bounded number of shards.
 
-The endpoint (``HF_ENDPOINT``), cache (``HF_HUB_CACHE`` / ``HF_HOME``) and token (``HF_TOKEN``) are read
-from the environment at every call, not at import time, and passed explicitly.
+The endpoint (``HF_ENDPOINT``), cache (``HF_HUB_CACHE`` / ``HF_HOME``) and token are read from the
+environment at every call, not at import time, and passed explicitly. Credentials (``docs/trust-model.md``,
+"Credentials"): the user's Hub token (``HF_TOKEN``, else the one ``hf auth login`` stored) goes only to the
+official Hub (`OFFICIAL_ENDPOINT`) or to the one endpoint ``PUZZLETRON_HUB_TOKEN_ENDPOINT`` names; any other
+endpoint (a mirror, a proxy, the demo's loopback server) gets no token, and the token file is not even read.
+While talking to such an endpoint, huggingface_hub's telemetry is off, so it fetches nothing on its own
+(its agent-harness registry, from the endpoint it read at import).
 
 Nothing from the Hub is trusted (``docs/trust-model.md``): every downloaded file is checked against the size
 and hash the Hub lists for it before it is used (`_integrity`; one that differs is fetched again, then an
@@ -27,10 +32,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub import constants as hf_constants
 from huggingface_hub import errors as hf_errors
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import close_session
@@ -39,6 +46,8 @@ from puzzletron.dataset.errors import AcquisitionError
 from puzzletron.dataset.sources import _integrity
 
 __all__ = [
+    "OFFICIAL_ENDPOINT",
+    "TOKEN_ENDPOINT_ENV",
     "cache_dir",
     "download",
     "endpoint",
@@ -51,13 +60,15 @@ __all__ = [
     "set_progress_bars",
     "split_patterns",
     "tar_members",
+    "token_for_endpoint",
 ]
 
 logger = logging.getLogger(__name__)
 
 _SHA = re.compile(r"[0-9a-f]{40}")
 _T = TypeVar("_T")
-_DEFAULT_ENDPOINT = "https://huggingface.co"
+OFFICIAL_ENDPOINT = "https://huggingface.co"
+TOKEN_ENDPOINT_ENV = "PUZZLETRON_HUB_TOKEN_ENDPOINT"  # the one other endpoint the user's token may go to
 # Repository listings by (source, commit sha): a commit names its files for good, on any endpoint.
 _LISTINGS: dict[tuple[str, str], dict[str, Any]] = {}
 # Failures of the local disk, not of the connection: said as such, with the cache folder.
@@ -66,7 +77,7 @@ _DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
 
 def endpoint() -> str:
     """The Hub endpoint in effect now: ``HF_ENDPOINT`` or huggingface.co."""
-    return os.environ.get("HF_ENDPOINT", "").rstrip("/") or _DEFAULT_ENDPOINT
+    return os.environ.get("HF_ENDPOINT", "").rstrip("/") or OFFICIAL_ENDPOINT
 
 
 def cache_dir() -> Path:
@@ -86,8 +97,45 @@ def set_progress_bars(enabled: bool) -> None:
     (enable_progress_bars if enabled else disable_progress_bars)()
 
 
-def _token() -> str | None:
-    return os.environ.get("HF_TOKEN") or None
+def _same_endpoint(a: str, b: str) -> bool:
+    """Whether two endpoint URLs name the same server and path (scheme and host case-insensitive, default
+    ports and a trailing slash ignored).
+
+    >>> _same_endpoint("https://HuggingFace.co/", "https://huggingface.co:443")
+    True
+    >>> _same_endpoint("http://127.0.0.1:8080", "http://127.0.0.1:8081")
+    False
+    """
+
+    def key(url: str) -> tuple[str, str, int | None, str]:
+        parts = urlsplit(url.strip())
+        scheme = parts.scheme.lower()
+        try:
+            port = parts.port or {"https": 443, "http": 80}.get(scheme)
+        except ValueError:  # a port that is not a number names no endpoint
+            return ("", url, None, "")
+        return (scheme, (parts.hostname or "").lower(), port, parts.path.rstrip("/"))
+
+    return key(a) == key(b)
+
+
+def token_for_endpoint(url: str | None = None) -> bool | None:
+    """What the Hub client may send as the token to `url` (the endpoint in effect when None): ``None``, the
+    user's token (``HF_TOKEN``, else the stored login), for the official Hub and for the endpoint named by
+    ``PUZZLETRON_HUB_TOKEN_ENDPOINT``; ``False``, no token (and no token file read), for any other."""
+    url = endpoint() if url is None else url
+    named = os.environ.get(TOKEN_ENDPOINT_ENV, "")
+    if _same_endpoint(url, OFFICIAL_ENDPOINT) or (named and _same_endpoint(url, named)):
+        return None
+    return False
+
+
+def _token() -> bool | None:
+    """The token argument of every Hub call now; a mirror also gets no telemetry (see the module doc)."""
+    token = token_for_endpoint()
+    if token is False:
+        hf_constants.HF_HUB_DISABLE_TELEMETRY = True
+    return token
 
 
 def is_commit_sha(revision: str | None) -> bool:

@@ -26,9 +26,11 @@ from puzzletron.dataset.sources._common import RejectedRow, check_reusable, none
 from puzzletron.dataset.sources.quotas import largest_remainder_quotas, redistribute_deficit
 from puzzletron.dataset.sources.specs import VlmAcquisitionSpec
 
-__all__ = ["hub_vlm_rows", "materialize_nemotron_vlm_dataset"]
+__all__ = ["MAX_LINE_BYTES", "hub_vlm_rows", "materialize_nemotron_vlm_dataset"]
 
 logger = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 64 * 2**20  # a JSONL line longer than this is rejected unread (rows are bounded far below)
 
 
 def _image_refs(row: Mapping[str, Any]) -> list[str]:
@@ -122,7 +124,9 @@ def hub_vlm_rows(
 
         def parse(offset: int) -> dict[str, Any] | RejectedRow:
             handle.seek(offset)
-            line = handle.readline()
+            line = handle.readline(MAX_LINE_BYTES + 1)
+            if len(line) > MAX_LINE_BYTES:  # not read further: far past any row's size bound
+                return RejectedRow(f"{subset}@{offset}", f"the line is more than {MAX_LINE_BYTES} bytes")
             try:  # not UTF-8, not JSON, nested too deep: that row is rejected, the others go on
                 row = parse_json(line, f"the line at byte {offset}")
             except ValueError as exc:
@@ -180,7 +184,9 @@ class _RoundRobin:
             )
 
         for row in rows:
-            sample, row_id, reason = screen(row, normalize)
+            sample, row_id, reason = screen(
+                row, normalize, max_turn_bytes=self.spec.max_turn_bytes, max_row_bytes=self.spec.max_row_bytes
+            )
             if sample is not None:
                 return sample
             self.diagnostics["rejected_rows"].append({"subset": subset, "row_id": row_id, "reason": reason})

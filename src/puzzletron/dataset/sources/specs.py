@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from puzzletron.dataset._checks import require_int
+from puzzletron.dataset.config import MAX_ROW_BYTES, MAX_TURN_BYTES, check_size_limits
 from puzzletron.dataset.conversation import NEMOTRON_VLM_DATASET
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.storage.atomic import check_destination
@@ -70,6 +71,9 @@ def _common_checks(spec: Any, *positive: str) -> None:
         _set_int(spec, name)
 
 
+_LIMITS = {"max_turn_bytes": MAX_TURN_BYTES, "max_row_bytes": MAX_ROW_BYTES}
+
+
 def _identity(spec: Any, adapter: str, revision: str) -> dict[str, Any]:
     if not isinstance(revision, str) or not revision:
         raise ConfigError(
@@ -77,7 +81,8 @@ def _identity(spec: Any, adapter: str, revision: str) -> dict[str, Any]:
         )
     out: dict[str, Any] = {"adapter": adapter}
     for f in fields(spec):
-        if f.name != "output_dir":
+        # the size bounds only when not the defaults: snapshots made before they existed stay reusable
+        if f.name != "output_dir" and _LIMITS.get(f.name) != getattr(spec, f.name):
             out[f.name] = getattr(spec, f.name)
     out["revision"] = revision
     return out
@@ -93,6 +98,9 @@ class _HubSpec:
 
     def __post_init__(self) -> None:
         _common_checks(self, *self._POSITIVE)
+        limits = check_size_limits(type(self).__name__, self.max_turn_bytes, self.max_row_bytes)  # type: ignore[attr-defined]
+        object.__setattr__(self, "max_turn_bytes", limits[0])
+        object.__setattr__(self, "max_row_bytes", limits[1])
 
     def identity(self, *, revision: str) -> dict[str, Any]:
         """The fields minus `output_dir`, plus ``adapter`` and the resolved `revision` (JSON-ready)."""
@@ -112,6 +120,8 @@ class TextAcquisitionSpec(_HubSpec):
     seed: int = 408
     revision: str | None = None
     source: str = PUZZLE_KD_DATASET
+    max_turn_bytes: int = MAX_TURN_BYTES  # a row with a longer turn (UTF-8 bytes) is rejected and counted
+    max_row_bytes: int = MAX_ROW_BYTES  # ... and with more text in all
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +139,8 @@ class VlmAcquisitionSpec(_HubSpec):
     max_shards_per_subset: int = 1
     revision: str | None = None
     source: str = NEMOTRON_VLM_DATASET
+    max_turn_bytes: int = MAX_TURN_BYTES  # a row with a longer text turn (UTF-8 bytes) is rejected
+    max_row_bytes: int = MAX_ROW_BYTES  # ... and with more text in all
 
     def __post_init__(self) -> None:
         super().__post_init__()

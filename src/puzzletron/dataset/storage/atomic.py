@@ -14,10 +14,16 @@ swept by the next holder of the lock. Because a transaction directory is only ev
 of the destination lock, every transaction directory found while holding that lock is stale: this avoids
 trusting pids, which the kernel reuses.
 
-Names: the lock is ``.<name>.lock`` and a transaction ``.<name>.txn-<pid>-<16 hex>`` beside the destination;
-a name too long to take those suffixes within `NAME_MAX` bytes (about 222 bytes and more) uses
+Names: the lock is ``.<name>.lock`` and a transaction ``.<name>.txn-<pid>-<16 hex>`` beside the destination
+(a writer's other work directories likewise: `sibling_prefix`, e.g. a token store's ``.<name>.build-<16
+hex>``); a name too long to take those suffixes within `NAME_MAX` bytes (about 222 bytes and more) uses
 ``pz-<32 hex of its SHA-256>`` in their place, so every destination name a file system accepts can be
 written. A longer name is a `ConfigError` (`check_destination`), raised before anything is created.
+
+Forked children never hold a lock: a lock is an ``flock`` on an open file description, which a fork shares
+with the child, so a worker that outlived its parent (killed by ``kill`` or the OOM killer) would keep the
+destination locked and every rerun would wait forever. Every process fork closes, in the child, the lock
+descriptors this process holds (`os.register_at_fork`).
 """
 
 from __future__ import annotations
@@ -43,11 +49,15 @@ __all__ = [
     "fsync_path",
     "fsync_tree",
     "locked",
+    "note_publication",
     "publications",
+    "sibling_prefix",
     "staging_dir",
     "sweep_stale",
     "tidy",
+    "total_publications",
     "txn_prefix",
+    "with_path",
 ]
 
 logger = logging.getLogger(__name__)
@@ -59,6 +69,27 @@ _PUBLISHED: dict[str, int] = {}  # how often this process published each destina
 # Destinations locked by this process -> the thread holding it; lets `staging_dir` check the protocol.
 _HELD: dict[str, int] = {}
 _HELD_GUARD = threading.Lock()
+_LOCK_FDS: dict[str, int] = {}  # destination -> the descriptor of its held lock (closed in forked children)
+
+
+def _forget_locks_in_child() -> None:
+    """In a forked child: close the inherited lock descriptors (the parent alone holds its locks)."""
+    for fd in _LOCK_FDS.values():
+        with suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
+
+
+def with_path(exc: OSError, path: Path) -> OSError:
+    """`exc` naming `path` when it names no file (a full disk says ``No space left on device`` on a write,
+    without saying where): the same error type and errno, so callers still tell ENOSPC from EROFS."""
+    if exc.filename is not None:
+        return exc
+    return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def fsync_path(path: Path, *, directory: bool) -> None:
@@ -113,9 +144,18 @@ def _stem(destination: Path) -> str:
     return f"pz-{hashlib.sha256(raw).hexdigest()[:32]}"
 
 
+def sibling_prefix(destination: Path, kind: str) -> str:
+    """The name prefix of a writer's `kind` work directories of `destination` in its parent
+    (``.<name>.<kind>-``; the name is a digest when too long, see the module docstring). `kind` must be at
+    most 5 bytes; a suffix of up to 25 more bytes then fits `NAME_MAX`."""
+    if len(kind.encode()) > 5:
+        raise ValueError(f"sibling kind {kind!r} is longer than 5 bytes")
+    return f".{_stem(destination)}.{kind}-"
+
+
 def txn_prefix(destination: Path) -> str:
     """The name prefix of transaction directories of `destination` (they live in its parent)."""
-    return f".{_stem(destination)}.txn-"
+    return sibling_prefix(destination, "txn")
 
 
 def _lock_path(destination: Path) -> Path:
@@ -127,6 +167,17 @@ def publications(destination: str | Path) -> int:
     """How many times this process published `destination` (a `staging_dir` renamed into place): a call
     that leaves it unchanged reused what was there."""
     return _PUBLISHED.get(_key(Path(destination)), 0)
+
+
+def note_publication(destination: str) -> None:
+    """Count one publication of `destination` made without `staging_dir` (an URL prefix whose manifest this
+    process wrote: `publications` and `total_publications` see it)."""
+    _PUBLISHED[destination] = _PUBLISHED.get(destination, 0) + 1
+
+
+def total_publications() -> int:
+    """How many directories this process has published so far (any destination)."""
+    return sum(_PUBLISHED.values())
 
 
 def _normal(destination: Path) -> Path:
@@ -232,12 +283,14 @@ def locked(destination: Path) -> Iterator[None]:
     key = _key(destination)
     with _HELD_GUARD:
         _HELD[key] = threading.get_ident()
+        _LOCK_FDS[key] = fd
     try:
         sweep_stale(destination)
         yield
     finally:
         with _HELD_GUARD:
             _HELD.pop(key, None)
+            _LOCK_FDS.pop(key, None)
         with suppress(FileNotFoundError):
             os.unlink(lock_path)
         if not os.path.lexists(destination):
@@ -297,6 +350,9 @@ def staging_dir(destination: Path) -> Iterator[Path]:
         os.rename(tmp, destination)
         _PUBLISHED[_key(destination)] = _PUBLISHED.get(_key(destination), 0) + 1
         fsync_path(destination.parent, directory=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise with_path(exc, destination) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,25 +1,30 @@
 """The one sharded-store builder: lock, build directory, shards in processes or on every rank, atomic
 publication, reuse. The token store (`store`) and the VLM store (`vlm_store`) are two `ShardedBuild`s.
 
-A `ShardedBuild` says what is format-specific: the facts rank 0 learns under the lock (`prepare`), how many
-shards and which rows each covers, how one shard is written into an empty directory (`write_shard`), how a
-finished shard's record is read back (`shard_record`), how the finished shards become a store in a
-transaction directory (`publish`), and what a complete store is (`complete`). Everything else is here,
-once::
+A `ShardedBuild` says what is format-specific: the facts rank 0 learns (`prepare`, before anything is
+created), how many shards and which rows each covers, how one shard is written into an empty directory
+(`write_shard`), how a finished shard's record is read back (`shard_record`), how the finished shards become
+a store in a transaction directory (`assemble`), and what a complete store is (`complete`). Everything else
+is here, once::
 
     dest/..  .<name>.lock                 flock: one builder per destination
              .<name>.build-<hash>/        shard-<k>/ (finished), tmp-<k>-<random>/ (being written)
              .<name>.txn-...              the transaction `publish` fills and renames to <name>
 
 A build killed at any point publishes nothing; the rerun keeps the finished shards of its identity, builds
-only the missing ones and sweeps the debris. With `torch.distributed` initialised the call is collective:
-rank 0 takes the lock and prepares, rank ``r`` builds shards ``k % world == r``, rank 0 publishes; a failure
-on any rank raises on every rank, naming it.
+only the missing ones and sweeps the debris (a failed run leaves no empty build directory). With
+`torch.distributed` initialised the call is collective: rank 0 takes the lock and prepares, rank ``r``
+builds shards ``k % world == r``, rank 0 publishes; a failure on any rank raises on every rank, naming it.
+
+A store at an URL (``dest`` a string; the token store only) has no lock and no shared build directory: the
+build overrides `build_dir` (the node's scratch folder), `keep_shard` (upload), `finished_shards`,
+`existing_identity` and `publish` (`tokenize._remote_store`: the manifest written once).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 from abc import ABC, abstractmethod
@@ -40,7 +45,7 @@ from puzzletron.dataset.distributed.collectives import (
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats.manifest import MANIFEST
 from puzzletron.dataset.formats.token_store import token_dtype
-from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked, staging_dir
+from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked, sibling_prefix, staging_dir
 from puzzletron.dataset.tokenize._workers import map_tasks
 from puzzletron.dataset.tokenize.identity import identity_differences
 
@@ -62,19 +67,31 @@ class StoreFacts:
 
 
 class ShardedBuild(ABC):
-    """One store build (picklable: worker processes receive it). Subclasses set ``dest``, ``identity``,
-    ``digest`` (its SHA-256), ``what`` (``"token store"``) and ``rows_per_shard``, and implement the
-    format's steps."""
+    """One store build (picklable: worker processes receive it). Subclasses set ``dest`` (a directory, or
+    an URL string where the format supports one), ``identity``, ``digest`` (its SHA-256), ``what``
+    (``"token store"``) and ``rows_per_shard``, and implement the format's steps."""
 
-    dest: Path
+    dest: Path | str
     identity: dict[str, Any]
     digest: str
     what: str
     rows_per_shard: int
 
     @property
+    def remote(self) -> bool:
+        return isinstance(self.dest, str)
+
+    @property
     def build_dir(self) -> Path:
-        return self.dest.parent / f".{self.dest.name}.build-{self.digest[:16]}"
+        """``<parent>/.<name>.build-<16 hex of the identity>`` (the name a digest when too long)."""
+        dest = self.local_dest
+        return dest.parent / f"{sibling_prefix(dest, 'build')}{self.digest[:16]}"
+
+    @property
+    def local_dest(self) -> Path:
+        if isinstance(self.dest, str):
+            raise ConfigError(f"a {self.what} is built in a local directory, not at {self.dest}")
+        return self.dest
 
     def shard_dir(self, shard: int) -> Path:
         return self.build_dir / f"shard-{shard:06d}"
@@ -85,7 +102,8 @@ class ShardedBuild(ABC):
 
     @abstractmethod
     def prepare(self) -> StoreFacts:
-        """Under the lock, after the build directory exists: the facts every rank builds with."""
+        """Under the lock, before anything is created (a usage error is said first): the facts every rank
+        builds with."""
 
     def shard_rows(self, facts: StoreFacts) -> list[tuple[int, int]]:
         """The row range of every shard: fixed ranges of ``rows_per_shard`` (the last one may be short)."""
@@ -122,12 +140,38 @@ class ShardedBuild(ABC):
             "built_with": {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__},
         }
 
+    def existing_identity(self) -> dict[str, Any] | None:
+        """The identity of the complete store at ``dest``; None when nothing is there; `SnapshotError` for
+        anything else there."""
+        dest = self.local_dest
+        if not (dest / MANIFEST).is_file():
+            if dest.is_dir() and any(dest.iterdir()):
+                raise SnapshotError(f"{dest}: directory is not empty and holds no {self.what} ({MANIFEST})")
+            return None
+        return self.complete().get("identity")
+
+    def finished_shards(self, facts: Any, shards: Sequence[int]) -> set[int]:
+        """Those of `shards` an earlier run finished (a damaged finished shard is removed: built again)."""
+        rows, done = self.shard_rows(facts), set()
+        for k in shards:
+            if self.shard_record(self.shard_dir(k), rows[k]) is None:
+                shutil.rmtree(self.shard_dir(k), ignore_errors=True)
+            else:
+                done.add(k)
+        return done
+
+    def keep_shard(self, shard: int, tmp: Path, record: Mapping[str, Any]) -> None:
+        """Make the shard written in `tmp` finished: synced, renamed ``shard-<k>``."""
+        fsync_tree(tmp)
+        os.rename(tmp, self.shard_dir(shard))
+        fsync_path(self.build_dir, directory=True)
+
     def publish(self, facts: StoreFacts) -> None:
         """Assemble the finished shards in a transaction directory and publish it (hold the lock); then
         remove the build directory."""
         records = self.finished_records(facts)
         fields = self.manifest_fields(facts)
-        with staging_dir(self.dest) as tmp:
+        with staging_dir(self.local_dest) as tmp:
             self.assemble(tmp, [self.shard_dir(k) for k in range(len(records))], records, fields)
         shutil.rmtree(self.build_dir, ignore_errors=True)
 
@@ -145,18 +189,16 @@ class ShardedBuild(ABC):
 
 
 def _build_shard(context: tuple[ShardedBuild, Any], shard: int) -> dict[str, Any]:
-    """Write shard `shard` into a temporary directory, rename it complete; return its record."""
+    """Write shard `shard` into a temporary directory, keep it finished; return its record."""
     build, facts = context
     tmp = build.build_dir / f"tmp-{shard:06d}-{secrets.token_hex(8)}"
-    tmp.mkdir()
+    tmp.mkdir(parents=build.remote)  # a remote build's scratch folder is this node's own
     try:
         record = build.write_shard(facts, shard, tmp)
-        fsync_tree(tmp)
-        os.rename(tmp, build.shard_dir(shard))
+        build.keep_shard(shard, tmp, record)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync_path(build.build_dir, directory=True)
     return record
 
 
@@ -170,13 +212,9 @@ def _build_shards(
 ) -> None:
     """Build the shards of `shards` that are not finished yet, `num_proc` processes at a time."""
     rows = build.shard_rows(facts)
-    todo, done = [], 0
-    for k in shards:
-        if build.shard_record(build.shard_dir(k), rows[k]) is None:
-            shutil.rmtree(build.shard_dir(k), ignore_errors=True)  # a damaged finished shard: build again
-            todo.append(k)
-        else:
-            done += rows[k][1] - rows[k][0]
+    finished = build.finished_shards(facts, shards)
+    todo = [k for k in shards if k not in finished]
+    done = sum(rows[k][1] - rows[k][0] for k in finished)
     total = done + sum(rows[k][1] - rows[k][0] for k in todo)
     if progress is None:
         deque(map_tasks(_build_shard, (build, facts), todo, num_proc=num_proc), maxlen=0)
@@ -192,7 +230,19 @@ def _build_shards(
 
 
 def _build_dirs(dest: Path) -> list[Path]:
-    return sorted(dest.parent.glob(f".{dest.name}.build-*")) if dest.parent.is_dir() else []
+    """The build directories of `dest`: exactly ``.<name>.build-<16 hex>`` (a sibling output called
+    ``<name>.build-x`` has its own ``.<name>.build-x.build-<hash>``, which is not one of them)."""
+    if not dest.parent.is_dir():
+        return []
+    pattern = re.compile(re.escape(sibling_prefix(dest, "build")) + r"[0-9a-f]{16}")
+    return sorted(p for p in dest.parent.iterdir() if pattern.fullmatch(p.name))
+
+
+def _drop_if_empty(build: ShardedBuild) -> None:
+    """Remove the build directory when it holds no finished shard (a failed run leaves no empty debris);
+    finished shards are kept for the rerun (on object storage they are uploaded: the scratch folder goes)."""
+    if build.build_dir.is_dir() and (build.remote or not any(build.build_dir.glob("shard-*"))):
+        shutil.rmtree(build.build_dir, ignore_errors=True)
 
 
 def _sweep(dest: Path, *, keep: Path | None = None) -> None:
@@ -209,38 +259,54 @@ def _sweep(dest: Path, *, keep: Path | None = None) -> None:
 def _reusable(build: ShardedBuild) -> bool:
     """True when the destination holds a complete store of this identity; False when it holds nothing;
     else an error."""
-    dest = build.dest
-    if not (dest / MANIFEST).is_file():
-        if dest.is_dir() and any(dest.iterdir()):
-            raise SnapshotError(f"{dest}: directory is not empty and holds no {build.what} ({MANIFEST})")
+    recorded = build.existing_identity()
+    if recorded is None:
         return False
-    recorded = build.complete().get("identity")
     if recorded != build.identity:
         differences = identity_differences(recorded, build.identity)
         raise SnapshotError(
-            f"{dest}: the existing {build.what} was built from another identity (existing vs requested: "
-            f"{'; '.join(differences[:4])}{'; ...' if len(differences) > 4 else ''}); "
+            f"{build.dest}: the existing {build.what} was built from another identity (existing vs "
+            f"requested: {'; '.join(differences[:4])}{'; ...' if len(differences) > 4 else ''}); "
             "choose another output directory or delete this one"
         )
     return True
 
 
 def _prepare(build: ShardedBuild) -> Any:
-    _sweep(build.dest, keep=build.build_dir)
-    build.build_dir.mkdir(exist_ok=True)
-    return build.prepare()
+    facts = build.prepare()  # a usage error is said before anything is created
+    if not build.remote:
+        _sweep(build.local_dest, keep=build.build_dir)
+    build.build_dir.mkdir(parents=build.remote, exist_ok=True)
+    return facts
+
+
+def _build_all(build: ShardedBuild, num_proc: int, progress: Any) -> None:
+    facts = _prepare(build)
+    _build_shards(build, facts, range(len(build.shard_rows(facts))), num_proc=num_proc, progress=progress)
+    build.publish(facts)
 
 
 def _build_here(build: ShardedBuild, num_proc: int, progress: Any) -> None:
-    if _reusable(build) and not _build_dirs(build.dest):
-        return
-    with locked(build.dest):
+    if build.remote:  # no lock on object storage: the manifest is written once
         if _reusable(build):
-            _sweep(build.dest)  # a run killed after publishing left its build directory
             return
-        facts = _prepare(build)
-        _build_shards(build, facts, range(len(build.shard_rows(facts))), num_proc=num_proc, progress=progress)
-        build.publish(facts)
+        try:
+            _build_all(build, num_proc, progress)
+        finally:
+            _drop_if_empty(build)
+        return
+    dest = build.local_dest
+    if _reusable(build) and not _build_dirs(dest):
+        return
+    with locked(dest):
+        if _reusable(build):
+            _sweep(dest)  # a run killed after publishing left its build directory
+            return
+        try:
+            _build_all(build, num_proc, progress)
+        except BaseException:
+            _drop_if_empty(build)
+            raise
 
 
 def _build_with_ranks(dist: Any, build: ShardedBuild, num_proc: int, progress: Any) -> None:
@@ -261,13 +327,15 @@ def _build_with_ranks(dist: Any, build: ShardedBuild, num_proc: int, progress: A
         facts: Any = None
         if rank == 0:
             try:
-                lock.enter_context(locked(build.dest))
-                if _reusable(build):
-                    _sweep(build.dest)
-                else:
+                if not build.remote:  # object storage needs no lock
+                    lock.enter_context(locked(build.local_dest))
+                if not _reusable(build):
                     facts = _prepare(build)
+                elif not build.remote:
+                    _sweep(build.local_dest)
             except Exception as exc:
                 own = exc
+                _drop_if_empty(build)
         facts, failed = broadcast(dist, (facts, describe(own)))
         raise_first([failed], own, f"preparing the {build.what}", error=SnapshotError)
         if facts is not None:
@@ -284,6 +352,8 @@ def _build_with_ranks(dist: Any, build: ShardedBuild, num_proc: int, progress: A
                 except Exception as exc:
                     own = exc
             published = broadcast(dist, describe(own))
+            if build.remote:
+                _drop_if_empty(build)
             raise_first([published], own, f"publishing the {build.what}", error=SnapshotError)
     try:
         build.complete()
@@ -293,8 +363,10 @@ def _build_with_ranks(dist: Any, build: ShardedBuild, num_proc: int, progress: A
         ) from exc
 
 
-def run_build(build: ShardedBuild, *, num_proc: int, progress: Callable[[int, int], None] | None) -> Path:
-    """Build or reuse ``build.dest`` (collective when a process group is initialised); its path."""
+def run_build(
+    build: ShardedBuild, *, num_proc: int, progress: Callable[[int, int], None] | None
+) -> Path | str:
+    """Build or reuse ``build.dest`` (collective when a process group is initialised); its path (or URL)."""
     dist = process_group()
     if dist is None:
         _build_here(build, num_proc, progress)

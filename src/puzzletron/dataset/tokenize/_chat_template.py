@@ -25,14 +25,27 @@ calls and the same rules, so its ids and masks are the same:
 
 Tokenizers whose encoding transformers customises (a subclass overriding ``__call__`` / ``_encode_plus``,
 slow tokenizers, transformers before 5) and templates without generation markers go row by row through
-`assistant_token_mask`. Errors name the row: a malformed message or a template that rejects a conversation
-is a `ConversationError` (``"row 3: the chat template rejected the conversation: ..."``).
+`assistant_token_mask`. Errors name the row: a malformed message (``messages`` not a list, a turn without a
+string role or a string content) or a template that fails on a conversation, however it fails (a
+``raise_exception``, a ``ZeroDivisionError``, ``TypeError``, ``RecursionError``, ``MemoryError`` of a
+string bomb), is a `ConversationError` (``"row 3: the chat template failed on the conversation: ..."``).
+
+A chat template is code from the tokenizer's author (``docs/trust-model.md``, "Tokenizers and chat
+templates"): it runs in transformers' Jinja sandbox, and here under a time bound as well (`RENDER_SECONDS`
+plus `RENDER_SECONDS_PER_ROW` a row, in the main thread, with ``SIGALRM``), so a template that loops for
+hours is an error naming the rows instead of a hang. ``strftime_now`` (Llama 3 templates print today's date)
+is pinned to `PINNED_DATE`, so the same identity always renders the same bytes.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
-from collections.abc import Mapping, Sequence
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from itertools import chain
 from typing import Any
 
@@ -40,7 +53,72 @@ import numpy as np
 
 from puzzletron.dataset.errors import ConversationError
 
-__all__ = ["assistant_token_mask", "normalise_messages", "tokenize_batch"]
+__all__ = [
+    "PINNED_DATE",
+    "RENDER_SECONDS",
+    "RENDER_SECONDS_PER_ROW",
+    "assistant_token_mask",
+    "normalise_messages",
+    "tokenize_batch",
+    "uses_clock",
+]
+
+RENDER_SECONDS = 10.0  # the time bound of one render call, plus RENDER_SECONDS_PER_ROW for each row in it
+RENDER_SECONDS_PER_ROW = 0.01
+PINNED_DATE = datetime.date(2024, 7, 26)  # what `strftime_now` prints (Llama 3's own fallback date)
+
+
+def _pinned_strftime(fmt: str) -> str:
+    return PINNED_DATE.strftime(fmt)
+
+
+# Passed to every render: context variables shadow the template globals transformers installs.
+_TEMPLATE_KWARGS = {"strftime_now": _pinned_strftime}
+
+
+def uses_clock(template: str | None) -> bool:
+    """Whether a chat template calls ``strftime_now`` (its output is pinned to `PINNED_DATE`)."""
+    return bool(template) and "strftime_now" in template  # type: ignore[operator]
+
+
+class _RenderTimeout(Exception):
+    """A render ran past its time bound."""
+
+
+@contextmanager
+def _bounded(seconds: float) -> Iterator[None]:
+    """Raise `_RenderTimeout` inside the block after `seconds` (main thread only: elsewhere no bound). A
+    real-time interval timer already running (a test runner's timeout) is kept: when it is due first it
+    alone stays armed, else it is re-armed with what remains of it afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    outer, _ = signal.getitimer(signal.ITIMER_REAL)
+    if outer and outer <= seconds:  # the outer timer fires first anyway
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise _RenderTimeout(f"the chat template ran for more than {seconds:.0f} s")
+
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3))
+
+
+def _failed(where: str, exc: BaseException) -> ConversationError:
+    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return ConversationError(
+        f"{where}: the chat template failed on the conversation: {type(exc).__name__}: {text}"
+    )
+
 
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _HAS_GENERATION: dict[str, bool] = {}  # template -> has a generation block (a search costs ~0.5 ms)
@@ -52,8 +130,14 @@ def _has_generation(template: str) -> bool:
     return _HAS_GENERATION[template]
 
 
-def normalise_messages(messages: Sequence[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
-    """``[{role: str, content}]`` of a row's messages; `ConversationError` naming `where` for a bad one."""
+def normalise_messages(messages: Any, where: str) -> list[dict[str, Any]]:
+    """``[{role: str, content: str | list}]`` of a row's messages; `ConversationError` naming `where` for a
+    value that is not a list of such turns (null, a number, a turn without a string role, content that is a
+    number or a bool)."""
+    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
+        raise ConversationError(
+            f"{where}: messages is {messages!r:.80}; expected a list of {{role, content}} turns"
+        )
     out = []
     for i, message in enumerate(messages):
         # Arrow fills a missing key with null, so null counts as missing.
@@ -61,7 +145,15 @@ def normalise_messages(messages: Sequence[Mapping[str, Any]], where: str) -> lis
             raise ConversationError(
                 f"{where}: messages[{i}] must be a mapping with 'role' and 'content' (got {message!r:.120})"
             )
-        out.append({"role": str(message["role"]), "content": message["content"]})
+        role, content = message["role"], message["content"]
+        if not isinstance(role, str):
+            raise ConversationError(f"{where}: messages[{i}].role is {role!r:.40}; expected a string")
+        if not isinstance(content, str | list):
+            raise ConversationError(
+                f"{where}: messages[{i}].content is a {type(content).__name__} ({content!r:.40}); expected a "
+                "string"
+            )
+        out.append({"role": role, "content": content})
     return out
 
 
@@ -80,13 +172,24 @@ def assistant_token_mask(
 
     template = tokenizer.chat_template or ""
     try:
-        if not _GENERATION.search(template):
-            return _prefix_diff_mask(messages, tokenizer, where=where)
-        out = tokenizer.apply_chat_template(
-            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
+        with _bounded(RENDER_SECONDS + RENDER_SECONDS_PER_ROW):
+            if not _GENERATION.search(template):
+                return _prefix_diff_mask(messages, tokenizer, where=where)
+            out = tokenizer.apply_chat_template(
+                messages,
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=True,
+                **_TEMPLATE_KWARGS,
+            )
+    except ConversationError:
+        raise
     except TemplateError as exc:  # e.g. raise_exception("Conversation roles must alternate ...")
         raise _rejected(where, exc) from exc
+    except (
+        Exception
+    ) as exc:  # the template's own failure (ZeroDivisionError, RecursionError, MemoryError ...)
+        raise _failed(where, exc) from exc
     ids = np.asarray(out["input_ids"], dtype=np.int64)
     mask = np.asarray(out["assistant_masks"], dtype=bool)
     return ids, mask
@@ -96,13 +199,13 @@ def _prefix_diff_mask(
     messages: list[dict[str, Any]], tokenizer: Any, *, where: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fallback without generation markers: assistant spans from incremental prefix renders."""
-    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    full = tokenizer.apply_chat_template(messages, tokenize=False, **_TEMPLATE_KWARGS)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
         before = _generation_prompt_render(tokenizer, messages[:i], where=where)
-        through = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        through = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False, **_TEMPLATE_KWARGS)
         if not (full.startswith(through) and through.startswith(before)):
             raise ConversationError(
                 f"{where}: the chat template does not render message {i} as a prefix extension; "
@@ -125,7 +228,9 @@ def _generation_prompt_render(tokenizer: Any, prefix: list[dict[str, Any]], *, w
     same Jinja renderer with the same template variables.
     """
     if prefix:
-        return tokenizer.apply_chat_template(prefix, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            prefix, tokenize=False, add_generation_prompt=True, **_TEMPLATE_KWARGS
+        )
     from transformers.utils.chat_template_utils import render_jinja_template
 
     try:
@@ -134,6 +239,7 @@ def _generation_prompt_render(tokenizer: Any, prefix: list[dict[str, Any]], *, w
             chat_template=tokenizer.get_chat_template(),
             add_generation_prompt=True,
             **tokenizer.special_tokens_map,
+            **_TEMPLATE_KWARGS,
         )
     except Exception as exc:  # the template itself may reject an empty conversation
         raise ConversationError(
@@ -184,36 +290,51 @@ def _backend(tokenizer: Any) -> Any:
 
 
 def _render(convs: list[list[dict]], rows: list[int], tokenizer: Any) -> tuple[list[str], list[list]]:
-    """Texts and generation spans of `convs` (rows `rows`); a rejection names the first row rejected."""
+    """Texts and generation spans of `convs` (rows `rows`), the batch under one time bound; a failure (or a
+    batch past its bound) is rendered again row by row, each under its own, to name the first row at fault."""
     from jinja2 import TemplateError
     from transformers.utils.chat_template_utils import render_jinja_template
 
     template = tokenizer.get_chat_template()
-    kwargs = tokenizer.special_tokens_map  # apply_chat_template: {**self.special_tokens_map, **kwargs}
-    try:
-        return render_jinja_template(
-            conversations=convs, chat_template=template, return_assistant_tokens_mask=True, **kwargs
-        )
-    except TemplateError:
-        pass
-    for conv, row in zip(convs, rows, strict=True):  # find the row, for the per-row path's message
-        try:
-            render_jinja_template(
-                conversations=[conv], chat_template=template, return_assistant_tokens_mask=True, **kwargs
+    # apply_chat_template: {**self.special_tokens_map, **kwargs}
+    kwargs = {**tokenizer.special_tokens_map, **_TEMPLATE_KWARGS}
+
+    def render(batch: list[list[dict]]) -> tuple[list[str], list[list]]:
+        with _bounded(RENDER_SECONDS + RENDER_SECONDS_PER_ROW * len(batch)):
+            return render_jinja_template(
+                conversations=batch, chat_template=template, return_assistant_tokens_mask=True, **kwargs
             )
+
+    try:
+        return render(convs)
+    except Exception:  # a template error, its own exception, or the bound: find the row
+        pass
+    texts: list[str] = []
+    spans: list[list] = []
+    for conv, row in zip(convs, rows, strict=True):
+        try:
+            text, span = render([conv])
         except TemplateError as exc:
             raise _rejected(f"row {row}", exc) from exc
-    raise AssertionError("unreachable: the batch render failed but no conversation did")
+        except Exception as exc:
+            raise _failed(f"row {row}", exc) from exc
+        texts += text
+        spans += span
+    return texts, spans
 
 
 def _span_token_ranges(
-    encodings: list[Any], spans: list[list], lengths: list[int], starts: list[int]
+    encodings: list[Any], spans: list[list], lengths: list[int], starts: list[int], rows: list[int]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Global ``[begin, end)`` token ranges of the generation spans, by `apply_chat_template`'s rules."""
     lo: list[int] = []
     hi: list[int] = []
-    for enc, conv_spans, n, base in zip(encodings, spans, lengths, starts, strict=True):
+    for enc, conv_spans, n, base, row in zip(encodings, spans, lengths, starts, rows, strict=True):
         for a, b in conv_spans:  # a few spans per conversation: Python per span, never per token
+            if b == 0:  # transformers asks char_to_token(-1) for it and fails with an OverflowError
+                raise ConversationError(
+                    f"row {row}: the chat template's {{% generation %}} block at character 0 is empty"
+                )
             s = enc.char_to_token(a)
             e = enc.char_to_token(b - 1)
             if s is None:  # transformers: `break` (a truncation guard): later spans stay unmarked
@@ -263,7 +384,8 @@ def tokenize_batch(
     np.cumsum(lengths, out=offsets[1:])
     total = int(offsets[-1])
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, total)
-    lo, hi = _span_token_ranges(encodings, spans, sub_lengths.tolist(), offsets[:-1][nonempty].tolist())
+    rows = [first_row + i for i in nonempty]
+    lo, hi = _span_token_ranges(encodings, spans, sub_lengths.tolist(), offsets[:-1][nonempty].tolist(), rows)
     diff = np.zeros(total + 1, dtype=np.int32)
     np.add.at(diff, lo, 1)
     np.add.at(diff, hi, -1)

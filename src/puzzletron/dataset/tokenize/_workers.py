@@ -1,5 +1,10 @@
 """Run tasks in worker processes, results in task order (tokenising row ranges, building store shards).
 
+Workers die with their parent: on Linux each asks the kernel for SIGKILL when the process that started it
+exits (``PR_SET_PDEATHSIG``), and one whose parent is already gone exits at once; so a parent killed by
+``kill`` or the OOM killer leaves no worker behind. Workers never hold the parent's destination locks
+(`puzzletron.dataset.storage.atomic` closes them in every forked child).
+
 A task reports its progress as it goes with `advance(n)` (rows, say): in this process it reaches
 `map_tasks`' ``progress`` at once; in a worker it adds to a shared counter that the parent reads while it
 waits for results (a few times a second), so progress moves within a long task, not only when one ends.
@@ -8,8 +13,12 @@ waits for results (a few times a second), so progress moves within a long task, 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -37,6 +46,18 @@ def _serial_tokenizers() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask for SIGKILL when the parent exits (Linux); exit now if it is gone already."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # no prctl in this libc: the check below runs
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request was in place
+        os._exit(1)
+
+
 def advance(n: int) -> None:
     """Report ``n`` more units of work done by the running task to `map_tasks`' ``progress`` (a no-op
     outside `map_tasks` or without ``progress``)."""
@@ -48,7 +69,8 @@ def advance(n: int) -> None:
         _LOCAL["progress"](n)
 
 
-def _pool_init(fn: Callable[[Any, Any], Any], context: Any, counter: Any) -> None:
+def _pool_init(fn: Callable[[Any, Any], Any], context: Any, counter: Any, parent: int) -> None:
+    _die_with_parent(parent)
     _WORKER.update(fn=fn, context=context, counter=counter)
 
 
@@ -110,7 +132,10 @@ def map_tasks(
     counter = ctx.Value("q", 0)
     with _serial_tokenizers():
         pool = ProcessPoolExecutor(
-            min(num_proc, len(tasks)), mp_context=ctx, initializer=_pool_init, initargs=(fn, context, counter)
+            min(num_proc, len(tasks)),
+            mp_context=ctx,
+            initializer=_pool_init,
+            initargs=(fn, context, counter, os.getpid()),
         )
         try:
             yield from _in_order([pool.submit(_pool_call, task) for task in tasks], counter, progress)

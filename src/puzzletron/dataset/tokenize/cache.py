@@ -1,5 +1,4 @@
-"""Where the store of an identity lives in a cache directory: wherever it already is, else at its hash (token
-stores; VLM stores pass their own completeness check).
+"""Where the token store of an identity lives in a cache directory: wherever it already is, else at its hash.
 
 With a ``cache_dir`` (`build_token_store`, `build_batches`, ``puzzletron-data tokenize --cache-dir``) a
 complete store of the wanted identity is reused wherever it lies under that directory: at
@@ -11,7 +10,8 @@ The search reads manifests only: it looks at the hashed name first, then walks t
 order without entering a folder that holds a ``manifest.json`` (a store, a snapshot), a hidden folder (build
 and transaction directories) or a symbolic link. A manifest whose ``identity_sha256`` matches is taken
 when its full identity is equal and the store is complete (every file there with its size); an incomplete
-one is passed over.
+one is passed over. Under an URL prefix (``s3://bucket/stores``) the same rules hold, read from one
+listing of the prefix.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from typing import Any
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats.manifest import MANIFEST
 from puzzletron.dataset.formats.token_store import read_complete_manifest
+from puzzletron.dataset.storage.objects import Objects, is_url, join_url
+from puzzletron.dataset.storage.remote import RemoteFiles
 from puzzletron.dataset.tokenize.identity import identity_sha256
 
 __all__ = ["cache_path", "find_store"]
@@ -33,33 +35,66 @@ __all__ = ["cache_path", "find_store"]
 _LOG = logging.getLogger(__name__)
 
 
-Complete = Callable[[Path], dict[str, Any]]  # a format's completeness check: the manifest, or SnapshotError
+Complete = Callable[[Any], dict[str, Any]]  # a format's completeness check: the manifest, or SnapshotError
 
 
-def _matches(folder: Path, identity: Mapping[str, Any], digest: str, complete: Complete) -> bool:
-    """Whether ``folder`` holds a complete store of ``identity`` (its manifest's hash first)."""
+def _matches(
+    location: Path | str, identity: Mapping[str, Any], digest: str, complete: Complete | None = None
+) -> bool:
+    """Whether ``location`` (a folder or an URL) holds a complete store of ``identity`` (its manifest's
+    hash first; ``complete`` checks it, the token store's check by default)."""
     try:
-        with open(folder / MANIFEST, "rb") as handle:
-            recorded = json.load(handle)
-    except (OSError, ValueError):
+        if isinstance(location, Path):
+            raw = (location / MANIFEST).read_bytes()
+        else:
+            raw = RemoteFiles(location, cache=None).read_bytes(MANIFEST)
+        recorded = json.loads(raw)
+    except (OSError, ValueError):  # SnapshotError is a ValueError
         return False
     if not isinstance(recorded, dict) or recorded.get("identity_sha256") != digest:
         return False
     try:
-        manifest = complete(folder)
+        manifest = (complete or read_complete_manifest)(location)
     except SnapshotError as exc:
-        _LOG.warning("passing over %s, a store of the wanted identity that is not complete: %s", folder, exc)
+        _LOG.warning(
+            "passing over %s, a store of the wanted identity that is not complete: %s", location, exc
+        )
         return False
     return manifest.get("identity") == identity
 
 
+def _find_remote(cache_dir: str, identity: Mapping[str, Any], digest: str) -> str | None:
+    """`find_store` under an URL prefix: one listing; manifests inside a store or a hidden folder are not
+    looked at."""
+    cache_dir = cache_dir.rstrip("/")
+    folders = {
+        rel[: -len(MANIFEST)].rstrip("/")
+        for rel in Objects(cache_dir).list()
+        if rel == MANIFEST or rel.endswith("/" + MANIFEST)
+    }
+
+    def visible(folder: str) -> bool:  # not hidden, not inside another folder holding a manifest
+        parts = folder.split("/") if folder else []
+        return not any(p.startswith(".") for p in parts) and not any(
+            "/".join(parts[:i]) in folders for i in range(len(parts))
+        )
+
+    for folder in sorted(filter(visible, folders), key=lambda f: (f != digest[:16], f)):
+        url = join_url(cache_dir, folder) if folder else cache_dir
+        if _matches(url, identity, digest):
+            return url
+    return None
+
+
 def find_store(
-    cache_dir: str | Path, identity: Mapping[str, Any], *, complete: Complete = read_complete_manifest
-) -> Path | None:
-    """The complete store of ``identity`` under ``cache_dir`` (absolute), or None (module doc); ``complete``
-    checks a candidate of the store's format (the token store's by default)."""
-    root = Path(os.path.abspath(cache_dir))
+    cache_dir: str | Path, identity: Mapping[str, Any], *, complete: Complete | None = None
+) -> Path | str | None:
+    """The complete token store of ``identity`` under ``cache_dir`` (absolute; an URL prefix gives an URL),
+    or None (module doc); ``complete`` checks a local candidate of another format (a VLM store's)."""
     digest = identity_sha256(identity)
+    if is_url(cache_dir):
+        return _find_remote(str(cache_dir), identity, digest)
+    root = Path(os.path.abspath(cache_dir))
     named = root / digest[:16]
     if (named / MANIFEST).is_file() and _matches(named, identity, digest, complete):
         return named
@@ -80,9 +115,13 @@ def find_store(
 
 
 def cache_path(
-    cache_dir: str | Path, identity: Mapping[str, Any], *, complete: Complete = read_complete_manifest
-) -> Path:
+    cache_dir: str | Path, identity: Mapping[str, Any], *, complete: Complete | None = None
+) -> Path | str:
     """Where the store of ``identity`` is in ``cache_dir``: the one found (`find_store`), else
-    ``<cache_dir>/<16 hex digits of its identity hash>`` (absolute)."""
+    ``<cache_dir>/<16 hex digits of its identity hash>`` (absolute; an URL for an URL)."""
     found = find_store(cache_dir, identity, complete=complete)
-    return found if found is not None else Path(os.path.abspath(cache_dir)) / identity_sha256(identity)[:16]
+    if found is not None:
+        return found
+    if is_url(cache_dir):
+        return join_url(str(cache_dir), identity_sha256(identity)[:16])
+    return Path(os.path.abspath(cache_dir)) / identity_sha256(identity)[:16]

@@ -36,9 +36,12 @@ from puzzletron.dataset.tokenize._chat_template import assistant_token_mask, tok
 from puzzletron.dataset.tokenize._workers import map_tasks
 
 __all__ = [
+    "MAX_BATCH_BYTES",
     "TokenizedRows",
     "TokenizedText",
     "assistant_token_mask",
+    "chat_tokenizer",
+    "check_columns",
     "load_tokenizer",
     "pad_token_id",
     "select_rows",
@@ -48,6 +51,9 @@ __all__ = [
 ]
 
 _TOKENIZERS: dict[str, Any] = {}  # per-process cache: path -> tokenizer (worker processes load once)
+# Text rendered and encoded at a time: a batch's peak memory is about 200x its text (Python strings, the
+# rendered text, the backend's encodings with offsets), so at most ~1.6 GB however long the rows are.
+MAX_BATCH_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)
@@ -91,15 +97,45 @@ class TokenizedRows:
 
 
 def load_tokenizer(tokenizer: str | Path | Any) -> Any:
-    """A `transformers` tokenizer from a local path (cached per process), or the tokenizer given."""
+    """A `transformers` tokenizer from a local path (cached per process), or the tokenizer given; a
+    directory it cannot be loaded from (a corrupt ``tokenizer.json``, ...) is a `ConfigError` naming it."""
     if not isinstance(tokenizer, str | Path):
         return tokenizer
     key = str(Path(tokenizer).resolve())
     if key not in _TOKENIZERS:
         from transformers import AutoTokenizer
 
-        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(key)
+        try:
+            _TOKENIZERS[key] = AutoTokenizer.from_pretrained(key)
+        except Exception as exc:  # tokenizers' parse errors, OSError, ValueError ...: one line naming it
+            reason = (str(exc).splitlines() or [""])[0][:200]
+            raise ConfigError(
+                f"tokenizer {key} cannot be loaded ({type(exc).__name__}: {reason}); is it a complete, "
+                "undamaged tokenizer directory?"
+            ) from exc
     return _TOKENIZERS[key]
+
+
+def chat_tokenizer(tokenizer: str | Path | Any) -> Any:
+    """`load_tokenizer`, and a `ConfigError` naming it when it has no chat template (tokenisation renders
+    every conversation with it)."""
+    tok = load_tokenizer(tokenizer)
+    if not getattr(tok, "chat_template", None):
+        name = tokenizer if isinstance(tokenizer, str | Path) else type(tok).__name__
+        raise ConfigError(
+            f"tokenizer {name} has no chat template (no chat_template.jinja, no chat_template in "
+            "tokenizer_config.json); give a tokenizer with one"
+        )
+    return tok
+
+
+def check_columns(rows: Any, options: TokenizeOptions) -> None:
+    """A `ConfigError` naming ``options.messages_field`` when the rows have no such column."""
+    if options.messages_field not in rows.column_names:
+        raise ConfigError(
+            f"the rows have no column {options.messages_field!r} (messages_field, --messages-field); their "
+            f"columns: {rows.column_names}"
+        )
 
 
 def pad_token_id(tokenizer: Any) -> int:
@@ -116,6 +152,51 @@ def tokenize_conversation(
     return ids, shift_labels(ids, mask)
 
 
+def _text_bytes(view: Any, start: int, stop: int, messages: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(UTF-8 bytes of each turn's string content, the row of each turn from 0, row offsets into the
+    turns)`` of rows ``[start, stop)``, read from Arrow without decoding a string (other contents: 0)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = view.with_format("arrow")[start:stop].column(messages).combine_chunks()
+    kind = column.type
+    item = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
+    if item is None or not pa.types.is_struct(item) or item.get_field_index("content") < 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(stop - start + 1, np.int64)
+    turns = pc.list_flatten(column)
+    content = pc.struct_field(turns, "content")
+    if pa.types.is_string(content.type) or pa.types.is_large_string(content.type):
+        sizes = pc.fill_null(pc.binary_length(content), 0).to_numpy().astype(np.int64)
+    else:
+        sizes = np.zeros(len(turns), np.int64)
+    owner = pc.list_parent_indices(column).to_numpy().astype(np.int64)
+    offsets = np.asarray(column.offsets, dtype=np.int64)
+    return sizes, owner, offsets - offsets[0]
+
+
+def _row_sizes(view: Any, start: int, stop: int, options: TokenizeOptions) -> np.ndarray:
+    """``[stop - start]`` bytes of text of each row; a `ConversationError` naming the first row with a turn
+    over ``options.max_turn_bytes`` or more text than ``options.max_row_bytes``."""
+    sizes, owner, offsets = _text_bytes(view, start, stop, options.messages_field)
+    totals = np.bincount(owner, weights=sizes, minlength=stop - start).astype(np.int64)
+    long_turns = np.flatnonzero(sizes > options.max_turn_bytes)
+    long_rows = np.flatnonzero(totals > options.max_row_bytes)
+    first = min([int(owner[long_turns[0]])] if long_turns.size else [], default=None)
+    if first is not None and (not long_rows.size or first <= long_rows[0]):
+        turn = int(long_turns[0])
+        raise ConversationError(
+            f"row {start + first}: turn {turn - int(offsets[first])} has {int(sizes[turn])} bytes of text; "
+            f"the bound is {options.max_turn_bytes} (TokenizeOptions.max_turn_bytes)"
+        )
+    if long_rows.size:
+        row = int(long_rows[0])
+        raise ConversationError(
+            f"row {start + row}: it has {int(totals[row])} bytes of text; the bound is "
+            f"{options.max_row_bytes} (TokenizeOptions.max_row_bytes)"
+        )
+    return totals
+
+
 def tokenize_rows(
     rows: Any,
     start: int,
@@ -125,22 +206,47 @@ def tokenize_rows(
     options: TokenizeOptions = TokenizeOptions(),
     batch_size: int = 1024,
 ) -> Iterator[TokenizedRows]:
-    """Rows ``[start, stop)`` of the `datasets.Dataset` `rows`, tokenised `batch_size` rows at a time.
+    """Rows ``[start, stop)`` of the `datasets.Dataset` `rows`, tokenised `batch_size` rows at a time, and
+    at most `MAX_BATCH_BYTES` of text at a time (a batch has at least one row).
 
     Sample ids come from ``options.id_field`` when the rows have it, else the row index. Only one batch of
-    rows and tokens is in memory at a time.
+    rows and tokens is in memory at a time. A row over the size bounds of `options` is an error naming it
+    (before any row is tokenised).
     """
     batch_size = require_positive(batch_size, "batch_size", error=ConfigError)
-    tok = load_tokenizer(tokenizer)
+    tok = chat_tokenizer(tokenizer)
+    check_columns(rows, options)
     messages, id_field = options.messages_field, options.id_field
     with_ids = id_field is not None and id_field in rows.column_names
     view = rows.with_format(None).select_columns([messages, id_field] if with_ids else [messages])
-    for a in range(start, stop, batch_size):
-        b = min(a + batch_size, stop)
-        batch = view[a:b]
+    ends = np.cumsum(_row_sizes(view, start, stop, options))  # bytes of text up to each row's end
+    a = start
+    while a < stop:
+        spent = int(ends[a - start - 1]) if a > start else 0
+        fit = int(np.searchsorted(ends, spent + MAX_BATCH_BYTES, side="right")) + start
+        b = min(a + batch_size, stop, max(fit, a + 1))
+        batch = _read_rows(view, a, b)
         ids, mask, offsets = tokenize_batch(batch[messages], tok, first_row=a)
         names = [str(x) for x in batch[id_field]] if with_ids else [str(i) for i in range(a, b)]
         yield TokenizedRows(a, ids, mask, offsets, tuple(names))
+        a = b
+
+
+def _read_rows(view: Any, a: int, b: int) -> dict[str, list]:
+    """Rows ``[a, b)`` as Python values; a row whose text is not UTF-8 (a hand-made or old snapshot) is a
+    `ConversationError` naming it, not a `UnicodeDecodeError` from deep inside Arrow."""
+    try:
+        return view[a:b]
+    except UnicodeDecodeError:
+        for row in range(a, b):
+            try:
+                view[row]
+            except UnicodeDecodeError as exc:
+                raise ConversationError(
+                    f"row {row}: its text is not valid UTF-8 (byte {exc.start}: {exc.reason}); rematerialise "
+                    "the snapshot (materialisation rejects such rows)"
+                ) from None
+        raise
 
 
 def _as_dataset(rows: Any, messages_field: str) -> Any:
@@ -157,8 +263,19 @@ def _as_dataset(rows: Any, messages_field: str) -> Any:
 
 def _tokenize_range(context: tuple[Any, Any, TokenizeOptions], task: tuple[int, int]) -> TokenizedRows:
     rows, tokenizer, options = context
-    (part,) = tokenize_rows(rows, *task, tokenizer=tokenizer, options=options, batch_size=task[1] - task[0])
-    return part
+    parts = list(
+        tokenize_rows(rows, *task, tokenizer=tokenizer, options=options, batch_size=task[1] - task[0])
+    )
+    if len(parts) == 1:
+        return parts[0]
+    lengths = np.concatenate([np.diff(p.offsets) for p in parts])  # more than MAX_BATCH_BYTES of text
+    return TokenizedRows(
+        task[0],
+        np.concatenate([p.input_ids for p in parts]),
+        np.concatenate([p.mask for p in parts]),
+        np.concatenate([np.zeros(1, np.int64), np.cumsum(lengths)]),
+        tuple(name for p in parts for name in p.sample_ids),
+    )
 
 
 def tokenize_conversations(
@@ -178,7 +295,7 @@ def tokenize_conversations(
     """
     batch_size = require_positive(batch_size, "batch_size", error=ConfigError)
     rows = _as_dataset(rows, options.messages_field)
-    tok = load_tokenizer(tokenizer)
+    tok = chat_tokenizer(tokenizer)
     pad = pad_token_id(tok)
     if len(rows) == 0:
         empty = np.zeros(0, dtype=np.int64)

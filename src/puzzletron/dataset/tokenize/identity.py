@@ -16,7 +16,6 @@ True
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -25,11 +24,12 @@ from typing import Any
 
 from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.errors import ConfigError
-from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
+from puzzletron.dataset.formats.manifest import MANIFEST, canonical_sha256, sha256_file
 from puzzletron.dataset.formats.subset import LEGACY_SAMPLES, SUBSET_FORMAT, subset_manifest
 from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT, TextSplit
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
 from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT, VLM_STORE_VERSION
+from puzzletron.dataset.tokenize._chat_template import PINNED_DATE, uses_clock
 from puzzletron.dataset.tokenize.processor import PROCESSOR_FILE, VlmProcessor
 
 __all__ = [
@@ -44,17 +44,18 @@ __all__ = [
     "vlm_store_identity",
 ]
 
-# The files `AutoTokenizer.from_pretrained` reads from a directory (a model's weights and config are not).
+# The files `AutoTokenizer.from_pretrained` reads from a directory, ``config.json`` included (its model type
+# can choose the tokenizer class); a model's weights are not.
 _TOKENIZER_FILE = re.compile(
     r"tokenizer.*|special_tokens_map\.json|added_tokens\.json|chat_template.*|vocab.*|merges.*"
-    r"|.*\.model|.*\.tiktoken|spiece.*|additional_chat_templates/.*"
+    r"|.*\.model|.*\.tiktoken|spiece.*|additional_chat_templates/.*|config\.json"
 )
 
 
 def identity_sha256(identity: Mapping[str, Any]) -> str:
-    """The hex SHA-256 of `identity` as sorted, compact JSON."""
-    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return hashlib.sha256(blob).hexdigest()
+    """The hex SHA-256 of `identity` as sorted, compact JSON (`formats.manifest.canonical_sha256`: what a
+    store's reader checks ``identity_sha256`` against)."""
+    return canonical_sha256(identity)
 
 
 def short_hash(identity: Mapping[str, Any]) -> str:
@@ -97,20 +98,28 @@ def _object_sha256(tokenizer: Any) -> str:
 
 def tokenizer_identity(tokenizer: str | Path | Any) -> dict[str, Any]:
     """The tokenizer part of an identity: ``{"files": {name: sha256}}`` of a tokenizer directory's files
-    (tokenizer JSON, config, special tokens, chat templates, vocabularies), or ``{"object_sha256": ...}``
-    of a tokenizer object."""
+    (tokenizer JSON, configs, special tokens, chat templates, vocabularies), or ``{"object_sha256": ...}``
+    of a tokenizer object; with ``"pinned_date"`` when its chat template calls ``strftime_now`` (rendered
+    with that date, `_chat_template.PINNED_DATE`)."""
     if not isinstance(tokenizer, str | Path):
-        return {"class": type(tokenizer).__name__, "object_sha256": _object_sha256(tokenizer)}
+        out = {"class": type(tokenizer).__name__, "object_sha256": _object_sha256(tokenizer)}
+        if uses_clock(getattr(tokenizer, "chat_template", None)):
+            out["pinned_date"] = PINNED_DATE.isoformat()
+        return out
     root = Path(tokenizer)
     if not root.is_dir():
         raise ConfigError(f"tokenizer {root} is not a directory (give a local tokenizer directory)")
-    files = {
-        p.relative_to(root).as_posix(): sha256_file(p)
+    paths = [
+        p
         for p in sorted(root.rglob("*"))
         if p.is_file() and _TOKENIZER_FILE.fullmatch(p.relative_to(root).as_posix())
-    }
-    if not files:
+    ]
+    files = {p.relative_to(root).as_posix(): sha256_file(p) for p in paths}
+    if not files or set(files) == {"config.json"}:
         raise ConfigError(f"tokenizer directory {root} holds no tokenizer files (tokenizer.json, ...)")
+    templates = (p for p in paths if p.name.startswith(("chat_template", "tokenizer_config")))
+    if any(b"strftime_now" in p.read_bytes() for p in templates):
+        return {"files": files, "pinned_date": PINNED_DATE.isoformat()}
     return {"files": files}
 
 

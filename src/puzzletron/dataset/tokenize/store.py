@@ -26,13 +26,15 @@ build directory and broadcasts it; rank ``r`` builds shards ``k % world == r`` (
 file system every rank sees); after an all-gather of the ranks' errors rank 0 publishes, then every rank
 returns the path. A failure on any rank raises on every rank, naming it; the finished shards are kept. The
 process group's timeout must cover the waits (rank 0 waiting for the lock; ranks finishing at different
-times).
+times). The lock, the shards in processes or ranks and the publication are `tokenize._builder`'s (shared with
+the VLM store); at an URL, `_remote_store`'s steps replace the local ones.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,10 +51,18 @@ from puzzletron.dataset.formats.token_store import (
     read_complete_manifest,
     read_shard_record,
 )
+from puzzletron.dataset.storage.objects import is_url
+from puzzletron.dataset.tokenize import _remote_store as _remote
 from puzzletron.dataset.tokenize._builder import ShardedBuild, StoreFacts, run_build
 from puzzletron.dataset.tokenize._workers import advance
 from puzzletron.dataset.tokenize.cache import cache_path
-from puzzletron.dataset.tokenize.conversations import load_tokenizer, pad_token_id, select_rows, tokenize_rows
+from puzzletron.dataset.tokenize.conversations import (
+    chat_tokenizer,
+    check_columns,
+    pad_token_id,
+    select_rows,
+    tokenize_rows,
+)
 from puzzletron.dataset.tokenize.identity import identity_sha256, store_identity
 
 __all__ = ["build_token_store"]
@@ -61,10 +71,10 @@ __all__ = ["build_token_store"]
 @dataclass(frozen=True)
 class _Build(ShardedBuild):
     """One token store build: what every shard task needs (picklable: the tokenizer travels as a path when
-    it is one) and the identity, hashed once."""
+    it is one) and the identity, hashed once. At an URL, the `_remote_store` steps replace the local ones."""
 
     split: TextSplit
-    dest: Path
+    dest: Path | str  # a directory, or an URL prefix (object storage: `_remote_store`)
     identity: dict[str, Any]
     digest: str  # identity_sha256(identity)
     tokenizer: Any
@@ -72,16 +82,26 @@ class _Build(ShardedBuild):
     batch_size: int
     what: str = "token store"
 
-    def complete(self) -> dict[str, Any]:
-        return read_complete_manifest(self.dest)
-
     @property
     def rows_per_shard(self) -> int:
         return self.options.rows_per_shard
 
+    @property
+    def build_dir(self) -> Path:
+        """``<parent>/.<name>.build-<16 hex of the identity>``; for a store on object storage, the node's
+        local scratch folder (shards are uploaded as they finish)."""
+        return _remote.scratch_dir(self.digest) if self.remote else super().build_dir
+
+    def complete(self) -> dict[str, Any]:
+        return read_complete_manifest(self.dest)
+
     def prepare(self) -> StoreFacts:
-        tok = load_tokenizer(self.tokenizer)
-        return StoreFacts(rows=len(self.split.load()), vocab_size=len(tok), pad_token_id=pad_token_id(tok))
+        """The split's bytes checked against the manifest its identity comes from, and the facts."""
+        tok = chat_tokenizer(self.tokenizer)  # a usage error is said before anything is created
+        rows = self.split.load()
+        check_columns(rows, self.options)
+        self.split.check_bytes()
+        return StoreFacts(rows=len(rows), vocab_size=len(tok), pad_token_id=pad_token_id(tok))
 
     def shard_record(self, directory: Path, rows: tuple[int, int]) -> dict[str, Any] | None:
         return read_shard_record(directory, rows)
@@ -107,6 +127,31 @@ class _Build(ShardedBuild):
     ) -> None:
         assemble_store(tmp, shard_dirs, records, fields=fields)
 
+    # object storage (`_remote_store`): upload, find, publish once
+    def keep_shard(self, shard: int, tmp: Path, record: Mapping[str, Any]) -> None:
+        if not isinstance(self.dest, str):
+            return super().keep_shard(shard, tmp, record)
+        _remote.upload_shard(self.dest, self.digest, shard, tmp, record)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def finished_shards(self, facts: Any, shards: Sequence[int]) -> set[int]:
+        if not isinstance(self.dest, str):
+            return super().finished_shards(facts, shards)
+        rows = self.shard_rows(facts)
+        return set(_remote.finished_shards(self.dest, self.digest, {k: rows[k] for k in shards}))
+
+    def existing_identity(self) -> dict[str, Any] | None:
+        if not isinstance(self.dest, str):
+            return super().existing_identity()
+        published = _remote.published_manifest(self.dest)
+        return None if published is None else published.get("identity")
+
+    def publish(self, facts: StoreFacts) -> None:
+        if not isinstance(self.dest, str):
+            return super().publish(facts)
+        fields = self.manifest_fields(facts)
+        _remote.publish(self.dest, self.digest, self.shard_rows(facts), fields=fields, scratch=self.build_dir)
+
 
 def build_token_store(
     snapshot: str | Path,
@@ -119,11 +164,13 @@ def build_token_store(
     num_proc: int = 1,
     batch_size: int = 1024,
     progress: Callable[[int, int], None] | None = None,
-) -> Path:
+) -> Path | str:
     """Build or reuse the token store of `split` of `snapshot` (see the module docstring); its path.
 
     Exactly one of ``output`` (the store directory) and ``cache_dir`` (a store of this identity anywhere
-    under it, else ``cache_dir/<identity hash>``). ``options``: the messages and id columns and
+    under it, else ``cache_dir/<identity hash>``); either may be an URL (``s3://bucket/stores``: the store
+    is built on object storage without a shared file system or a lock, `_remote_store`, and its URL is
+    returned). ``options``: the messages and id columns and
     ``rows_per_shard`` (all part of the identity). ``num_proc`` worker processes per rank; ``batch_size``
     rows rendered and encoded at a time. ``progress(done, total)`` is called (in this process) with the
     rows of this rank's shards written so far: once at the start (finished shards of an earlier run count
@@ -138,7 +185,10 @@ def build_token_store(
     text_split = open_split(snapshot, split)
     identity = store_identity(text_split, tokenizer=tokenizer, options=options)
     digest = identity_sha256(identity)
-    dest = Path(os.path.abspath(output)) if output is not None else cache_path(cache_dir, identity)
+    if output is not None:
+        dest: Path | str = output.rstrip("/") if is_url(output) else Path(os.path.abspath(output))
+    else:
+        dest = cache_path(cache_dir, identity)
     build = _Build(
         split=TextSplit(text_split.root.absolute(), split, text_split.folder.absolute(), text_split.manifest),
         dest=dest,

@@ -42,7 +42,9 @@ from puzzletron.dataset.formats.vlm_store import (
     assemble_vlm_store,
     read_complete_manifest,
     read_vlm_shard_record,
+    token_identity,
 )
+from puzzletron.dataset.storage.objects import is_url
 from puzzletron.dataset.tokenize._builder import ShardedBuild, StoreFacts, run_build
 from puzzletron.dataset.tokenize._chat_template import tokenize_batch
 from puzzletron.dataset.tokenize._workers import advance
@@ -138,6 +140,7 @@ class _VlmBuild(ShardedBuild):
         return writer.finish(rows=(start, stop))
 
     def manifest_fields(self, facts: StoreFacts) -> dict[str, Any]:
+        """The VLM manifest's fields, and (``tokens``) those of the token store in ``tokens/``."""
         parts = vlm_processor(self.processor)
         processor = {
             "image_processor": type(parts.image_processor).__name__,
@@ -145,32 +148,42 @@ class _VlmBuild(ShardedBuild):
             "image_token_id": parts.image_token_id,
             **parts.grid.facts(),
         }
-        return {**super().manifest_fields(facts), "processor": processor}
+        tokens = super().manifest_fields(facts)
+        inner = token_identity(self.identity)
+        tokens |= {"identity": inner, "identity_sha256": identity_sha256(inner)}
+        return {
+            "identity": self.identity,
+            "identity_sha256": self.digest,
+            "processor": processor,
+            "built_with": tokens["built_with"],
+            "tokens": tokens,
+        }
 
     def assemble(
         self, tmp: Path, shard_dirs: list[Path], records: list[dict[str, Any]], fields: Mapping[str, Any]
     ) -> None:
-        assemble_vlm_store(tmp, shard_dirs, records, fields=fields)
+        vlm = {k: v for k, v in fields.items() if k != "tokens"}
+        assemble_vlm_store(tmp, shard_dirs, records, fields=vlm, token_fields=fields["tokens"])
 
 
 def _add_rows(
     writer: VlmShardWriter, reader: SubsetReader, table: _ImageTable, parts: VlmProcessor, a: int, b: int
 ) -> None:
-    """Tokenise rows ``[a, b)`` of the subset and hand the kept ones (and the skipped) to `writer`."""
-    skipped: list[tuple[int, str, int]] = []
-    rows, names, convs = [], [], []
+    """Tokenise rows ``[a, b)`` of the subset and hand every row (kept or skipped, with its reason) to
+    `writer`."""
+    names, rows, convs = [], [], []
+    reason = np.full(b - a, -1, dtype=np.int64)  # per row: -1 kept, else its SKIP_REASONS index
     for i in range(a, b):
         sample = reader.raw(i)
-        name = _sample_id(i, sample)
+        names.append(_sample_id(i, sample))
         items = [item for _, item in image_items(sample)]
         first, stop = int(table.start[i]), int(table.start[i + 1])
         if [item.get("image") for item in items] != list(table.paths[first:stop]):
             raise SnapshotError(f"{reader.root}: sample {i}: its image items are not the manifest's images")
         if _has_placeholder(sample):
-            skipped.append((i, name, _PLACEHOLDER))
+            reason[i - a] = _PLACEHOLDER
             continue
         rows.append(i)
-        names.append(name)
         convs.append(sample.get("conversation") or [])
     rows_arr = np.asarray(rows, dtype=np.int64)
     img_first, img_stop = table.start[rows_arr], table.start[rows_arr + 1]
@@ -200,9 +213,10 @@ def _add_rows(
     image_rows = np.repeat(np.arange(len(rows)), n_images)
     aspect = np.bincount(image_rows[refused], minlength=len(rows)) > 0
     keep = (supervised > 0) & ~aspect
-    skipped += [(rows[r], names[r], _ASPECT) for r in np.flatnonzero(aspect).tolist()]
-    skipped += [(rows[r], names[r], 0) for r in np.flatnonzero((supervised <= 0) & ~aspect).tolist()]
+    reason[rows_arr - a] = np.where(aspect, _ASPECT, np.where(keep, -1, 0))
     kept = np.flatnonzero(keep)
+    every = np.zeros(b - a, dtype=np.int64)  # every row's supervised labels (0: skipped)
+    every[rows_arr[kept] - a] = supervised[kept]
     media_end = np.zeros(len(rows), dtype=np.int64)
     where = np.flatnonzero(ids == parts.image_token_id)
     media_end[row_of[where]] = where - offsets[row_of[where]] + 1  # ascending: the last image token wins
@@ -212,8 +226,9 @@ def _add_rows(
         kept_ids,
         kept_mask,
         lengths=lengths[kept],
-        sample_ids=[names[r] for r in kept.tolist()],
-        supervised=int(supervised[kept].sum()),
+        sample_ids=names,
+        supervised=every,
+        reasons=reason[reason >= 0],
         images=n_images[kept],
         media_end=media_end[kept],
         grid=grid[kept_images],
@@ -221,8 +236,6 @@ def _add_rows(
         paths=[table.paths[j] for j in image_idx[kept_images].tolist()],
         sha256=table.sha256[image_idx[kept_images]],
     )
-    skipped.sort()
-    writer.skip([name for _, name, _ in skipped], [reason for _, _, reason in skipped])
 
 
 def build_vlm_store(
@@ -248,6 +261,8 @@ def build_vlm_store(
     """
     if (output is None) == (cache_dir is None):
         raise ConfigError("give exactly one of output (the store directory) and cache_dir")
+    if is_url(output if output is not None else cache_dir):
+        raise ConfigError(f"{output or cache_dir}: a VLM store is built in a local folder, not at an URL")
     num_proc = require_positive(num_proc, "num_proc", error=ConfigError)
     batch_size = require_positive(batch_size, "batch_size", error=ConfigError)
     rows_per_shard = require_positive(rows_per_shard, "rows_per_shard", error=ConfigError)
@@ -257,7 +272,7 @@ def build_vlm_store(
     if output is not None:
         dest = Path(os.path.abspath(output))
     else:  # a VLM store of this identity anywhere under the cache directory, else at its hash
-        dest = cache_path(cache_dir, identity, complete=read_complete_manifest)
+        dest = Path(cache_path(cache_dir, identity, complete=read_complete_manifest))
     build = _VlmBuild(
         subset=root,
         dest=dest,
@@ -267,4 +282,5 @@ def build_vlm_store(
         rows_per_shard=rows_per_shard,
         batch_size=batch_size,
     )
-    return run_build(build, num_proc=num_proc, progress=progress)
+    run_build(build, num_proc=num_proc, progress=progress)
+    return dest

@@ -47,6 +47,7 @@ from puzzletron.dataset.batch.segments import (
     sample_offsets_from_cu,
 )
 from puzzletron.dataset.clients.attention import forward_kwargs
+from puzzletron.dataset.clients.automodel import _masks
 from puzzletron.dataset.errors import BatchValidationError
 
 __all__ = ["DocumentMap", "batch_from_automodel", "document_map", "forward_kwargs"]
@@ -214,17 +215,21 @@ def _ids_from_flash_cu(collated: Mapping[str, Any], shape: tuple[int, int]) -> t
 
 def _ids_from_block_mask(mask: torch.Tensor) -> torch.Tensor:
     """Document ids from a block-causal mask ``[B, 1, T, T]`` (bool/int: nonzero = may attend; float: 0)."""
+    _masks.check_mask_values(mask)
     allowed = mask[:, 0] == 0 if mask.dtype.is_floating_point else mask[:, 0] != 0
     valid = allowed.diagonal(dim1=-2, dim2=-1)  # [B, T]
     continues = torch.zeros_like(valid)
     continues[:, 1:] = allowed.diagonal(offset=-1, dim1=-2, dim2=-1)  # token i may see token i-1
-    return _number_runs(valid & ~continues, valid)
+    ids = _number_runs(valid & ~continues, valid)
+    _masks.check_block_causal(allowed, ids)
+    return ids
 
 
 def _plain_valid(collated: Mapping[str, Any], shape: tuple[int, int]) -> torch.Tensor | None:
     """Valid tokens ``[B, T]`` from a 2-D ``attention_mask`` (nonzero), else ``~padding_mask``, else None."""
     mask = collated.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        _masks.check_mask_values(mask)
         return _require_bt(collated, "attention_mask", shape) != 0
     if isinstance(mask, torch.Tensor) and mask.dim() == 4:
         return _ids_from_block_mask(mask) >= 0
@@ -248,6 +253,7 @@ def document_map(collated: Mapping[str, Any]) -> DocumentMap:
         packed = _require_bt({"_packed_seq_ids": packed}, "_packed_seq_ids", shape)
         if bool((packed < 0).any()):
             raise _error("'_packed_seq_ids' must be 1-based document ids with 0 for padding, got negatives")
+        _masks.check_packed_ids(packed)
         return DocumentMap(packed.long() - 1, "_packed_seq_ids")
     if collated.get("seq_lens") is not None:
         return DocumentMap(_ids_from_thd(collated, shape), "seq_lens")
@@ -285,6 +291,7 @@ def document_map(collated: Mapping[str, Any]) -> DocumentMap:
         return DocumentMap(_ids_from_block_mask(mask), "attention_mask[B,1,T,T]")
     if isinstance(mask, torch.Tensor):
         mask = _require_bt(collated, "attention_mask", shape)
+        _masks.check_mask_values(mask)
         return DocumentMap(_run_ids(mask, mask != 0), "attention_mask")
     valid = _plain_valid(collated, shape)
     if valid is not None:

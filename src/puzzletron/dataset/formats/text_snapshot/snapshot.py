@@ -66,12 +66,17 @@ def _file_records(root: Path) -> list[dict[str, Any]]:
 
 
 def write_text_snapshot(
-    tmp: Path, tables: Mapping[str, Any], *, acquisition: Mapping[str, Any]
+    tmp: Path,
+    tables: Mapping[str, Any],
+    *,
+    acquisition: Mapping[str, Any],
+    diagnostics: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the Arrow `tables` (split name -> ``pyarrow.Table``) into the empty directory `tmp` with
     ``datasets.DatasetDict.save_to_disk``, then the manifest (written last); return the manifest.
 
-    `acquisition` is what the caller asked for (JSON-ready); reuse compares it.
+    `acquisition` is what the caller asked for (JSON-ready); reuse compares it. `diagnostics` (JSON-ready,
+    e.g. ``rejected_rows``) is recorded when given.
     """
     import datasets
 
@@ -98,6 +103,8 @@ def write_text_snapshot(
         "splits": {name: len(ds) for name, ds in splits.items()},
         "files": _file_records(tmp),
     }
+    if diagnostics:
+        manifest["diagnostics"] = dict(diagnostics)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
@@ -183,14 +190,22 @@ def read_text_snapshot(path: str | Path) -> dict[str, Any]:
 
 
 def _arrow_rows(path: Path) -> int:
-    """Rows in one `datasets` Arrow file (an Arrow IPC stream), reading every record batch."""
+    """Rows in one `datasets` Arrow file (an Arrow IPC stream), reading and validating every record batch
+    (its strings UTF-8)."""
     import pyarrow as pa
 
+    rows = 0
     try:  # a Python file object: pyarrow cannot open a path that is not UTF-8
         with open(path, "rb") as source:
-            return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
+            for batch in pa.ipc.open_stream(source):
+                try:
+                    batch.validate(full=True)  # every string UTF-8: what is published always decodes
+                except pa.ArrowInvalid as exc:
+                    raise SnapshotError(f"{path}: the rows from {rows} on do not decode ({exc})") from exc
+                rows += batch.num_rows
     except pa.ArrowException as exc:
         raise SnapshotError(f"{path}: not a readable Arrow stream ({exc})") from exc
+    return rows
 
 
 def _unlisted(root: Path, records: list[Any]) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.errors import SnapshotError
-from puzzletron.dataset.formats.manifest import MANIFEST, load_json, sha256_file
+from puzzletron.dataset.formats.manifest import MANIFEST, check_file, load_json, sha256_file
 from puzzletron.dataset.formats.text_snapshot.snapshot import read_text_snapshot
 
 __all__ = ["TextSplit", "load_text_split", "open_split"]
@@ -62,6 +62,25 @@ class TextSplit:
         if not files:
             raise SnapshotError(f"snapshot {self.root}: split {self.split!r} has no files")
         return dict(sorted(files.items()))
+
+    def check_bytes(self) -> None:
+        """Hash every file of the split and compare it with the text snapshot's manifest: a build that
+        takes its identity from the manifest's SHA-256s must not read other bytes under it
+        (``docs/trust-model.md``). `SnapshotError` naming the first file that differs. Without a manifest
+        the identity was hashed from these very files: nothing to compare. Reads every byte of the split."""
+        if self.manifest is None or "files" not in self.manifest:
+            return
+        prefix = f"{self.folder.relative_to(self.root).as_posix()}/"
+        for record in self.manifest["files"]:
+            if not record["path"].startswith(prefix):
+                continue
+            path = check_file(self.root, record, within="the snapshot")
+            if sha256_file(path) != record.get("sha256"):
+                raise SnapshotError(
+                    f"{self.root}: {record['path']} differs from the SHA-256 its manifest records (changed "
+                    "since the snapshot was written); nothing was built from it: run `puzzletron-data verify "
+                    f"{self.root}` and rematerialise the snapshot"
+                )
 
     def load(self) -> Any:
         """The split as a memory-mapped `datasets.Dataset` (opened once per process)."""

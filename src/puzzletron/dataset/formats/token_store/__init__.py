@@ -1,6 +1,7 @@
 """The token store (``docs/token-store-format.md``): chat-tokenised samples of a text split in sharded
 binary files, read by positional reads. `reader` (`TokenStore`), `writer` (shards, index, manifest),
-`verify` (every byte); the names, dtypes and manifest checks they share stay private to this package."""
+`verify` (every byte); the names, dtypes and manifest checks they share stay private to this package. The
+block checksums every reader verifies on first read: `puzzletron.dataset.formats.blocks`."""
 
 from __future__ import annotations
 

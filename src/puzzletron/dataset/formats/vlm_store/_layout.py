@@ -1,101 +1,236 @@
 """The VLM store's names, constants and manifest checks, shared by its writer, reader and verifier.
 
-The format: ``docs/vlm-store-format.md``. It is the token store's sibling (the same shards and token
-index, `puzzletron.dataset.formats.shards`) plus, per sample, its images (a range of the image table), its
-image tokens and where its last image ends, and per image its grid and a reference to the image file in
-the subset (path and SHA-256; no pixels). "Complete" (what the reader and reuse check, cheap): the
-manifest names this format and version, lists exactly this layout's files, each there with the size its
-counts imply. `verify` reads every byte.
+The format: ``docs/vlm-store-format.md``. A VLM store is a complete token store in ``tokens/`` (the ids
+with image placeholders expanded, the assistant mask, lengths, sample ids and skipped ids: read, checked
+and verified by `puzzletron.dataset.formats.token_store`) plus the image table in ``media/``. The VLM
+manifest records the SHA-256 of ``tokens/manifest.json`` (which records every token file's SHA-256 and
+block checksums) and of every media file, and the block checksums of the media files. `check_manifest`
+checks every field; "complete" (`read_complete_manifest`: what the reader and reuse check) adds that the
+files are exactly this layout's, each with the size its counts imply, and the token manifest's SHA-256.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from puzzletron.dataset.formats.manifest import MANIFEST
-from puzzletron.dataset.formats.shards import (
-    IDS_BIN,
-    IDS_OFFSETS,
-    LENGTHS,
-    OFFSETS,
-    SKIPPED_BIN,
-    SKIPPED_OFFSETS,
-    check_complete,
-    count_of,
-    load_format_manifest,
-    shard_file_sizes,
-)
+from puzzletron.dataset.errors import ConfigError, SnapshotError
+from puzzletron.dataset.formats import blocks as _blocks
+from puzzletron.dataset.formats.manifest import MANIFEST, canonical_sha256, check_file, load_json
+from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
+from puzzletron.dataset.storage.objects import is_url
 
 __all__ = [
+    "BLOCKS",
     "GRID",
-    "IDS_BIN",
-    "IDS_OFFSETS",
     "IMAGE_OFFSETS",
     "IMAGE_TOKENS",
-    "LENGTHS",
     "MEDIA_END",
-    "OFFSETS",
     "PATHS_BIN",
     "PATHS_OFFSETS",
     "SHA256",
-    "SKIPPED_BIN",
-    "SKIPPED_OFFSETS",
     "SKIPPED_REASONS",
     "SKIP_REASONS",
-    "UNSIZED",
+    "TOKENS",
+    "TOKENS_MANIFEST",
     "VLM_STORE_FORMAT",
     "VLM_STORE_VERSION",
     "WITHIN",
+    "block_files",
+    "check_manifest",
     "expected_sizes",
     "load_vlm_manifest",
+    "local_root",
     "read_complete_manifest",
+    "token_identity",
 ]
 
 VLM_STORE_FORMAT = "puzzletron-vlm-store"
-VLM_STORE_VERSION = 1
+VLM_STORE_VERSION = 2
 WITHIN = "the VLM store"
 
-# the token store's index (OFFSETS, LENGTHS, IDS_BIN, IDS_OFFSETS, SKIPPED_*), and:
-IMAGE_OFFSETS = "index/images.i64"  # [n + 1] int64: first image of each sample in images/
-IMAGE_TOKENS = "index/image_tokens.u32"  # [n] uint32: image tokens of each sample
-MEDIA_END = "index/media_end.u32"  # [n] uint32: tokens through the last image token (0: no image)
-GRID = "images/grid.u32"  # [m, 3] uint32: (t, h, w) patches of each image
-SHA256 = "images/sha256.bin"  # [m, 32] bytes: the subset manifest's SHA-256 of each image file
-PATHS_BIN = "images/paths.bin"  # image file paths inside the subset, UTF-8, concatenated
-PATHS_OFFSETS = "images/paths.i64"  # [m + 1] int64
-SKIPPED_REASONS = "skipped/reasons.u8"  # [skipped] uint8: why (SKIP_REASONS)
+TOKENS = "tokens"  # a complete token store (docs/token-store-format.md)
+TOKENS_MANIFEST = f"{TOKENS}/{MANIFEST}"
+IMAGE_OFFSETS = "media/images.i64"  # [n + 1] int64: first image of each sample
+IMAGE_TOKENS = "media/image_tokens.u32"  # [n] uint32: image tokens of each sample
+MEDIA_END = "media/media_end.u32"  # [n] uint32: tokens through the last image token (0: no image)
+GRID = "media/grid.u32"  # [m, 3] uint32: (t, h, w) patches of each image
+SHA256 = "media/sha256.bin"  # [m, 32] bytes: the subset manifest's SHA-256 of each image file
+PATHS_BIN = "media/paths.bin"  # image file paths inside the subset, UTF-8, concatenated
+PATHS_OFFSETS = "media/paths.i64"  # [m + 1] int64
+SKIPPED_REASONS = "media/skipped_reasons.u8"  # [skipped] uint8: why (SKIP_REASONS), the token store's order
+BLOCKS = "media/blocks.u64"  # uint64 block checksums of the other media files, in path order
 
 # Why a row of the subset is not a sample of the store (the code is its index here).
 SKIP_REASONS = ("no_supervised_label", "image_placeholder_in_text", "image_aspect_ratio")
 
-
-def expected_sizes(manifest: Mapping[str, Any], where: Path) -> dict[str, int]:
-    """Path -> the byte size the manifest's counts imply, for every file but the string bytes (ids, paths),
-    whose sizes only their offsets tell; `SnapshotError` for a malformed manifest."""
-    n, skipped = count_of(manifest, "samples", where), count_of(manifest, "skipped", where)
-    m = count_of(manifest, "images", where)
-    sizes = {OFFSETS: 8 * (n + 1), LENGTHS: 4 * n, IDS_OFFSETS: 8 * (n + 1), IMAGE_OFFSETS: 8 * (n + 1)}
-    sizes |= {IMAGE_TOKENS: 4 * n, MEDIA_END: 4 * n}
-    sizes |= {GRID: 12 * m, SHA256: 32 * m, PATHS_OFFSETS: 8 * (m + 1)}
-    sizes |= {SKIPPED_OFFSETS: 8 * (skipped + 1), SKIPPED_REASONS: skipped}
-    return sizes | shard_file_sizes(manifest, where)
+_KEYS = {
+    "block_checksums", "built_with", "counts", "files", "format", "identity", "identity_sha256",
+    "processor", "version",
+}  # fmt: skip
+_COUNTS = ("rows", "samples", "skipped", "images", "image_tokens")
+_PROCESSOR_INTS = ("image_token_id", "patch_size", "merge_size", "temporal_patch_size")
+_PROCESSOR_KEYS = {"image_processor", "image_token", "min_pixels", "max_pixels", *_PROCESSOR_INTS}
+_SHA = re.compile(r"[0-9a-f]{64}")
+_MAX = 2**62
 
 
-UNSIZED = {IDS_BIN, PATHS_BIN, SKIPPED_BIN}
+def token_identity(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """The identity of the token store in ``tokens/`` of the VLM store of `identity`: a token store's
+    (format, version, snapshot, tokenizer, options) made of the VLM identity's subset, processor and options,
+    so it names the same inputs and differs from any text token store's."""
+    return {
+        "format": TOKEN_STORE_FORMAT,
+        "version": TOKEN_STORE_VERSION,
+        "snapshot": identity["subset"],
+        "tokenizer": identity["processor"],
+        "options": identity["options"],
+        "vlm_store": {"format": identity["format"], "version": identity["version"]},
+    }
+
+
+def local_root(path: str | Path) -> Path:
+    """The store's absolute directory; `ConfigError` for an URL (VLM stores are local folders)."""
+    if is_url(path):
+        raise ConfigError(f"{path}: a VLM store is a local folder (object storage holds token stores only)")
+    return Path(path).absolute()
+
+
+def _int(value: Any, what: str, where: Path, low: int = 0, high: int = _MAX) -> int:
+    if type(value) is not int or not low <= value <= high:  # not True, 1.0 or "1"
+        raise SnapshotError(f"{where}: {what} is {value!r:.40}; expected an integer {low}..{high}")
+    return value
+
+
+def _check_counts(raw: Any, where: Path) -> None:
+    if not isinstance(raw, Mapping) or set(raw) != {*_COUNTS, "skipped_reasons"}:
+        raise SnapshotError(
+            f"{where}: counts is {raw!r:.120}; expected {', '.join(_COUNTS)}, skipped_reasons"
+        )
+    counts = {key: _int(raw[key], f"counts.{key}", where) for key in _COUNTS}
+    reasons = raw["skipped_reasons"]
+    if not isinstance(reasons, Mapping) or set(reasons) != set(SKIP_REASONS):
+        raise SnapshotError(f"{where}: counts.skipped_reasons is {reasons!r:.120}; expected {SKIP_REASONS}")
+    total = sum(_int(reasons[k], f"counts.skipped_reasons.{k}", where) for k in SKIP_REASONS)
+    if counts["rows"] != counts["samples"] + counts["skipped"] or total != counts["skipped"]:
+        raise SnapshotError(f"{where}: counts {dict(raw)} do not add up (rows = samples + skipped, reasons)")
+
+
+def _check_processor(raw: Any, where: Path) -> None:
+    if not isinstance(raw, Mapping) or set(raw) != _PROCESSOR_KEYS:
+        raise SnapshotError(
+            f"{where}: processor is {raw!r:.120}; expected the keys {sorted(_PROCESSOR_KEYS)}"
+        )
+    for key in _PROCESSOR_INTS:
+        _int(raw[key], f"processor.{key}", where, 0 if key == "image_token_id" else 1)
+    if not (isinstance(raw["image_processor"], str) and isinstance(raw["image_token"], str)):
+        raise SnapshotError(f"{where}: processor.image_processor and image_token must be strings")
+    low = _int(raw["min_pixels"], "processor.min_pixels", where)
+    _int(raw["max_pixels"], "processor.max_pixels", where, max(low, 1))
+
+
+def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
+    """`manifest` (a parsed VLM ``manifest.json``, named `where` in errors) with every field checked:
+    format and version, identity and its hash, processor facts, counts, block checksums, file records.
+    `SnapshotError` naming the first field that is wrong. Reads nothing else."""
+    if not isinstance(manifest, dict):
+        raise SnapshotError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
+    if manifest.get("format") != VLM_STORE_FORMAT:
+        raise SnapshotError(f"{where}: a {manifest.get('format')!r} manifest, not a VLM store")
+    if type(manifest.get("version")) is not int or manifest["version"] != VLM_STORE_VERSION:
+        raise SnapshotError(
+            f"{where}: VLM store version {manifest.get('version')!r} is not supported (this code reads "
+            f"{VLM_STORE_VERSION}; build the store again with `puzzletron-data tokenize`)"
+        )
+    if set(manifest) != _KEYS:
+        raise SnapshotError(f"{where}: keys {sorted(_KEYS - set(manifest))} are missing and "
+                            f"{sorted(set(manifest) - _KEYS, key=str)} unexpected")  # fmt: skip
+    identity = manifest["identity"]
+    if not isinstance(identity, Mapping) or identity.get("format") != VLM_STORE_FORMAT:
+        raise SnapshotError(f"{where}: identity is {identity!r:.80}; expected a VLM store identity")
+    if identity.get("version") != manifest["version"]:
+        raise SnapshotError(f"{where}: identity names version {identity.get('version')!r}, not this store's")
+    if manifest["identity_sha256"] != canonical_sha256(identity):
+        raise SnapshotError(f"{where}: identity_sha256 is not the SHA-256 of its identity")
+    _check_processor(manifest["processor"], where)
+    _check_counts(manifest["counts"], where)
+    checksums = manifest["block_checksums"]
+    if checksums != {"algorithm": _blocks.ALGORITHM, "block_size": _blocks.BLOCK_SIZE}:
+        raise SnapshotError(f"{where}: block_checksums is {checksums!r:.80}; this code reads "
+                            f"{_blocks.ALGORITHM} blocks of {_blocks.BLOCK_SIZE} bytes")  # fmt: skip
+    built = manifest["built_with"]
+    if not isinstance(built, Mapping) or not all(isinstance(v, str) for v in built.values()):
+        raise SnapshotError(f"{where}: built_with is {built!r:.80}; expected library versions")
+    files = manifest["files"]
+    if not isinstance(files, list) or not all(
+        isinstance(r, Mapping)
+        and set(r) == {"path", "bytes", "sha256"}
+        and isinstance(r["path"], str)
+        and type(r["bytes"]) is int
+        and 0 <= r["bytes"] <= _MAX
+        and isinstance(r["sha256"], str)
+        and _SHA.fullmatch(r["sha256"])
+        for r in files
+    ):
+        raise SnapshotError(f"{where}: 'files' is not a list of {{path, bytes, sha256}} records")
+    return manifest
+
+
+def expected_sizes(manifest: Mapping[str, Any]) -> dict[str, int]:
+    """Path -> the byte size a checked manifest implies for each file (the paths' bytes and the token
+    manifest: as recorded; the block checksums: from the other media files' sizes)."""
+    counts = manifest["counts"]
+    n, m = counts["samples"], counts["images"]
+    sizes = {IMAGE_OFFSETS: 8 * (n + 1), IMAGE_TOKENS: 4 * n, MEDIA_END: 4 * n}
+    sizes |= {GRID: 12 * m, SHA256: 32 * m, PATHS_OFFSETS: 8 * (m + 1), SKIPPED_REASONS: counts["skipped"]}
+    recorded = {r["path"]: r["bytes"] for r in manifest["files"]}
+    sizes[PATHS_BIN] = recorded.get(PATHS_BIN, 0)
+    sizes[BLOCKS] = 8 * sum(_blocks.block_count(size) for size in sizes.values())
+    sizes[TOKENS_MANIFEST] = recorded.get(TOKENS_MANIFEST, 0)
+    return sizes
+
+
+def block_files(manifest: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """``(path, bytes)`` of the media files the block checksums cover, in path order."""
+    return [(r["path"], r["bytes"]) for r in manifest["files"] if r["path"] not in (BLOCKS, TOKENS_MANIFEST)]
 
 
 def load_vlm_manifest(root: Path) -> dict[str, Any]:
-    """The VLM store manifest at `root`, checked for its format and version (not for completeness)."""
-    return load_format_manifest(root, VLM_STORE_FORMAT, VLM_STORE_VERSION, "VLM store")
+    """The VLM store manifest at `root`, every field checked (`check_manifest`), no other file read."""
+    where = root / MANIFEST
+    return check_manifest(load_json(where, "the manifest"), where)
 
 
 def read_complete_manifest(path: str | Path) -> dict[str, Any]:
-    """The manifest of the complete VLM store at `path`; `SnapshotError` saying what is wrong otherwise
-    (format, version, exactly this layout's files, each with the size its counts imply). Reads no token."""
-    root = Path(path).absolute()
+    """The manifest of the complete VLM store at `path`; `SnapshotError` saying what is wrong otherwise:
+    every field, exactly this layout's files each with the size its counts imply, and ``tokens/``'s
+    manifest with its recorded SHA-256 (the token store's own completeness: `TokenStore`). Reads no token."""
+    root = local_root(path)
     manifest = load_vlm_manifest(root)
-    sizes = expected_sizes(manifest, root / MANIFEST)
-    check_complete(root, manifest, sizes, UNSIZED, within=WITHIN, what="VLM store")
+    sizes = expected_sizes(manifest)
+    paths = [r["path"] for r in manifest["files"]]
+    if paths != sorted(sizes):
+        raise SnapshotError(
+            f"{root}: the manifest's files are not this layout's (missing {sorted(set(sizes) - set(paths))}, "
+            f"unexpected {sorted(set(paths) - set(sizes))}, or out of order)"
+        )
+    problems = []
+    for record in manifest["files"]:
+        try:
+            check_file(root, record, within=WITHIN)
+        except SnapshotError as exc:
+            problems.append(str(exc))
+            continue
+        if record["bytes"] != sizes[record["path"]]:
+            problems.append(f"{root}: {record['path']} has {record['bytes']} bytes; its counts imply "
+                            f"{sizes[record['path']]}")  # fmt: skip
+    if not problems:
+        digest = hashlib.sha256((root / TOKENS_MANIFEST).read_bytes()).hexdigest()
+        if digest != next(r["sha256"] for r in manifest["files"] if r["path"] == TOKENS_MANIFEST):
+            problems.append(f"{root}: {TOKENS_MANIFEST} differs from the SHA-256 the manifest records")
+    if problems:
+        raise SnapshotError(f"{root}: incomplete or damaged VLM store: {'; '.join(problems[:5])}")
     return manifest
