@@ -117,21 +117,24 @@ def make_subset(work: Path, n: int, *, seed: int = 0) -> Path:
 
 
 def tile_store(base: Path, samples: int, out: Path) -> Path:
-    """A VLM store of `samples` samples: the base store's samples repeated in order (same identity of the
-    subset, so batches read the base subset's images). Written with the store's own writer (shards of the
-    base's rows_per_shard); reused when present."""
+    """A VLM store of `samples` samples: the base store's samples repeated in order (the identity of the
+    base's subset, so batches read the base subset's images; a ``tiled`` key in the identity keeps its plans
+    apart). Written with the store's own writer (shards of the base's rows_per_shard); reused when present."""
     from puzzletron.dataset.formats.binary import ragged_arange
+    from puzzletron.dataset.formats.manifest import canonical_sha256
     from puzzletron.dataset.formats.vlm_store import (
         VlmShardWriter,
         VlmStore,
         assemble_vlm_store,
         read_complete_manifest,
     )
+    from puzzletron.dataset.formats.vlm_store._layout import token_identity
 
     if (out / "manifest.json").is_file():
         return out
     store = VlmStore(base)
-    n, per = len(store), int(store.manifest["rows_per_shard"])
+    inner = store.tokens.manifest
+    n, per = len(store), int(inner["rows_per_shard"])
     build = out.parent / f".{out.name}.tile"
     shutil.rmtree(build, ignore_errors=True)
     dirs, records = [], []
@@ -139,7 +142,7 @@ def tile_store(base: Path, samples: int, out: Path) -> Path:
         rows = np.arange(a, min(a + per, samples)) % n
         directory = build / f"shard-{k:06d}"
         directory.mkdir(parents=True)
-        writer = VlmShardWriter(directory, store.manifest["token_dtype"])
+        writer = VlmShardWriter(directory, inner["token_dtype"])
         ids, mask = store.read(store.offsets[rows], store.offsets[rows + 1])
         first, stop = store.image_offsets[rows], store.image_offsets[rows + 1]
         images = ragged_arange(first, stop - first)
@@ -150,21 +153,28 @@ def tile_store(base: Path, samples: int, out: Path) -> Path:
         bounds = np.concatenate([[0], np.cumsum(lengths)])
         writer.add(
             ids, mask, lengths=lengths, sample_ids=store.sample_ids(rows),
-            supervised=int((seen[bounds[1:]] - seen[np.minimum(bounds[:-1] + 1, bounds[1:])]).sum()),
-            images=stop - first, media_end=store.media_end[rows], grid=grid,
+            supervised=seen[bounds[1:]] - seen[np.minimum(bounds[:-1] + 1, bounds[1:])],
+            reasons=np.zeros(0, np.int64), images=stop - first, media_end=store.media_end[rows], grid=grid,
             image_tokens=grid.prod(axis=1) // store.merge_size**2, paths=[p for p, _ in refs],
             sha256=np.frombuffer(b"".join(bytes.fromhex(h) for _, h in refs), np.uint8).reshape(-1, 32),
         )  # fmt: skip
         records.append(writer.finish(rows=(a, a + rows.size)))
         dirs.append(directory)
-    fields = {key: store.manifest[key] for key in ("identity", "token_dtype", "vocab_size", "pad_token_id",
-                                                   "processor", "built_with")}  # fmt: skip
-    fields |= {"identity_sha256": "tiled", "rows_per_shard": per}
+    identity = dict(store.manifest["identity"], tiled=samples)
+    fields = {key: store.manifest[key] for key in ("processor", "built_with")}
+    fields |= {"identity": identity, "identity_sha256": canonical_sha256(identity)}
+    tokens = {key: inner[key] for key in ("token_dtype", "vocab_size", "pad_token_id", "rows_per_shard",
+                                          "built_with")}  # fmt: skip
+    tokens |= {
+        "identity": token_identity(identity),
+        "identity_sha256": canonical_sha256(token_identity(identity)),
+    }
     tmp = out.parent / f".{out.name}.txn"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    assemble_vlm_store(tmp, dirs, records, fields=fields)
+    assemble_vlm_store(tmp, dirs, records, fields=fields, token_fields=tokens)
     tmp.rename(out)
     shutil.rmtree(build, ignore_errors=True)
     read_complete_manifest(out)
+    VlmStore(out)  # the reader's checks too (its token store is this store's)
     return out
