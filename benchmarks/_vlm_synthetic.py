@@ -120,6 +120,7 @@ def tile_store(base: Path, samples: int, out: Path) -> Path:
     """A VLM store of `samples` samples: the base store's samples repeated in order (the identity of the
     base's subset, so batches read the base subset's images; a ``tiled`` key in the identity keeps its plans
     apart). Written with the store's own writer (shards of the base's rows_per_shard); reused when present."""
+    from puzzletron.dataset.errors import SnapshotError
     from puzzletron.dataset.formats.binary import ragged_arange
     from puzzletron.dataset.formats.manifest import canonical_sha256
     from puzzletron.dataset.formats.vlm_store import (
@@ -131,7 +132,11 @@ def tile_store(base: Path, samples: int, out: Path) -> Path:
     from puzzletron.dataset.formats.vlm_store._layout import token_identity
 
     if (out / "manifest.json").is_file():
-        return out
+        try:
+            VlmStore(out)
+            return out
+        except SnapshotError:  # an earlier format version: tile again
+            shutil.rmtree(out)
     store = VlmStore(base)
     inner = store.tokens.manifest
     n, per = len(store), int(inner["rows_per_shard"])
