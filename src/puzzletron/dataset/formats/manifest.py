@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.formats import blocks as _blocks
 
 __all__ = [
     "MANIFEST",
@@ -26,6 +27,7 @@ __all__ = [
     "bytes_on_disk",
     "canonical_sha256",
     "check_file",
+    "check_store_records",
     "differing_keys",
     "human_size",
     "inside",
@@ -278,3 +280,33 @@ def human_size(size: int) -> str:
             break
         value /= 1024
     return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+
+
+_HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
+_MAX_BYTES = 2**62
+
+
+def check_store_records(manifest: Mapping[str, Any], where: Path | str) -> None:
+    """The fields every sharded store's manifest (token store, VLM store) shares, checked:
+    ``block_checksums`` (this code's algorithm and block size), ``built_with`` (library versions as
+    strings) and ``files`` (a list of ``{path, bytes, sha256}`` records). `SnapshotError` naming `where` and
+    the first field that is wrong."""
+    checksums = manifest["block_checksums"]
+    if checksums != {"algorithm": _blocks.ALGORITHM, "block_size": _blocks.BLOCK_SIZE}:
+        raise SnapshotError(f"{where}: block_checksums is {checksums!r:.80}; this code reads "
+                            f"{_blocks.ALGORITHM} blocks of {_blocks.BLOCK_SIZE} bytes")  # fmt: skip
+    built = manifest["built_with"]
+    if not isinstance(built, Mapping) or not all(isinstance(v, str) for v in built.values()):
+        raise SnapshotError(f"{where}: built_with is {built!r:.80}; expected library versions")
+    files = manifest["files"]
+    if not isinstance(files, list) or not all(
+        isinstance(r, Mapping)
+        and set(r) == {"path", "bytes", "sha256"}
+        and isinstance(r["path"], str)
+        and type(r["bytes"]) is int
+        and 0 <= r["bytes"] <= _MAX_BYTES
+        and isinstance(r["sha256"], str)
+        and _HEX_SHA256.fullmatch(r["sha256"])
+        for r in files
+    ):
+        raise SnapshotError(f"{where}: 'files' is not a list of {{path, bytes, sha256}} records")

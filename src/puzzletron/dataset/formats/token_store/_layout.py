@@ -9,7 +9,6 @@ on first read; `verify` reads every byte.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,14 @@ import numpy as np
 
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
-from puzzletron.dataset.formats.manifest import MANIFEST, canonical_sha256, check_file, load_json, parse_json
+from puzzletron.dataset.formats.manifest import (
+    MANIFEST,
+    canonical_sha256,
+    check_file,
+    check_store_records,
+    load_json,
+    parse_json,
+)
 from puzzletron.dataset.storage.objects import is_url, join_url
 from puzzletron.dataset.storage.sources import ByteSource, open_source
 
@@ -63,7 +69,6 @@ _KEYS = {
     "pad_token_id", "rows_per_shard", "shards", "token_dtype", "version", "vocab_size",
 }  # fmt: skip
 _COUNTS = ("rows", "samples", "skipped", "tokens", "supervised_tokens", "shards")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def tokens_name(shard: int) -> str:
@@ -203,25 +208,7 @@ def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
                             "supervised labels <= tokens)")  # fmt: skip
     _check_shards(manifest, counts, where)
     _check_identity(manifest, counts, where)
-    checksums = manifest["block_checksums"]
-    if checksums != {"algorithm": _blocks.ALGORITHM, "block_size": _blocks.BLOCK_SIZE}:
-        raise SnapshotError(f"{where}: block_checksums is {checksums!r}; this code reads "
-                            f"{_blocks.ALGORITHM} blocks of {_blocks.BLOCK_SIZE} bytes")  # fmt: skip
-    built = manifest["built_with"]
-    if not isinstance(built, Mapping) or not all(isinstance(v, str) for v in built.values()):
-        raise SnapshotError(f"{where}: built_with is {built!r:.80}; expected library versions")
-    files = manifest["files"]
-    if not isinstance(files, list) or not all(
-        isinstance(r, Mapping)
-        and set(r) == {"path", "bytes", "sha256"}
-        and isinstance(r["path"], str)
-        and type(r["bytes"]) is int
-        and 0 <= r["bytes"] <= MAX_TOKENS
-        and isinstance(r["sha256"], str)
-        and _SHA256.fullmatch(r["sha256"])
-        for r in files
-    ):
-        raise SnapshotError(f"{where}: 'files' is not a list of {{path, bytes, sha256}} records")
+    check_store_records(manifest, where)
     return manifest
 
 

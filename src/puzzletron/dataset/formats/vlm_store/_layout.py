@@ -12,14 +12,19 @@ files are exactly this layout's, each with the size its counts imply, and the to
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
-from puzzletron.dataset.formats.manifest import MANIFEST, canonical_sha256, check_file, load_json
+from puzzletron.dataset.formats.manifest import (
+    MANIFEST,
+    canonical_sha256,
+    check_file,
+    check_store_records,
+    load_json,
+)
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
 from puzzletron.dataset.storage.objects import is_url
 
@@ -74,7 +79,6 @@ _KEYS = {
 _COUNTS = ("rows", "samples", "skipped", "images", "image_tokens")
 _PROCESSOR_INTS = ("image_token_id", "patch_size", "merge_size", "temporal_patch_size")
 _PROCESSOR_KEYS = {"image_processor", "image_token", "min_pixels", "max_pixels", *_PROCESSOR_INTS}
-_SHA = re.compile(r"[0-9a-f]{64}")
 _MAX = 2**62
 
 
@@ -157,25 +161,7 @@ def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
         raise SnapshotError(f"{where}: identity_sha256 is not the SHA-256 of its identity")
     _check_processor(manifest["processor"], where)
     _check_counts(manifest["counts"], where)
-    checksums = manifest["block_checksums"]
-    if checksums != {"algorithm": _blocks.ALGORITHM, "block_size": _blocks.BLOCK_SIZE}:
-        raise SnapshotError(f"{where}: block_checksums is {checksums!r:.80}; this code reads "
-                            f"{_blocks.ALGORITHM} blocks of {_blocks.BLOCK_SIZE} bytes")  # fmt: skip
-    built = manifest["built_with"]
-    if not isinstance(built, Mapping) or not all(isinstance(v, str) for v in built.values()):
-        raise SnapshotError(f"{where}: built_with is {built!r:.80}; expected library versions")
-    files = manifest["files"]
-    if not isinstance(files, list) or not all(
-        isinstance(r, Mapping)
-        and set(r) == {"path", "bytes", "sha256"}
-        and isinstance(r["path"], str)
-        and type(r["bytes"]) is int
-        and 0 <= r["bytes"] <= _MAX
-        and isinstance(r["sha256"], str)
-        and _SHA.fullmatch(r["sha256"])
-        for r in files
-    ):
-        raise SnapshotError(f"{where}: 'files' is not a list of {{path, bytes, sha256}} records")
+    check_store_records(manifest, where)
     return manifest
 
 
