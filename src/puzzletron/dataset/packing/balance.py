@@ -35,6 +35,8 @@ __all__ = ["ROUNDS", "balance_report", "balanced_deal", "tail_step"]
 
 ROUNDS = 10  # tenths of an epoch, each a stratified sample of the steps
 _FULL = 0.99  # a pack with fewer real tokens than this share of the fullest is dealt apart
+_STEPS_AT_ONCE = 1 << 14
+_SORT_STEPS = 1 << 10
 
 
 def tail_step(items: np.ndarray, dp_size: int, batch_size: int) -> np.ndarray:
@@ -53,13 +55,14 @@ def _snake(loads: np.ndarray, dp_size: int, batch_size: int) -> np.ndarray:
     """``[steps, dp_size * batch_size]`` positions within each step, so that slot ``r * batch_size + c``
     gets the ``c``-th pack of rank ``r`` in a snake over the step's packs by descending ``loads``."""
     per_step = dp_size * batch_size
-    order = np.argsort(-loads.astype(np.int64), axis=1, kind="stable")  # [steps, per_step] heaviest first
     k = np.arange(per_step)
     lap, pos = k // dp_size, k % dp_size
     rank = np.where(lap % 2 == 0, pos, dp_size - 1 - pos)  # 0 1 2 3 3 2 1 0 0 1 ...
     slot = rank * batch_size + lap
-    out = np.empty_like(order)
-    out[:, slot] = order
+    out = np.empty(loads.shape, dtype=np.int32)  # positions within a step
+    for a in range(0, loads.shape[0], _SORT_STEPS):  # the sort's int64 temporaries a slice at a time
+        part = np.negative(loads[a : a + _SORT_STEPS], dtype=np.int64)
+        out[a : a + _SORT_STEPS, slot] = np.argsort(part, axis=1, kind="stable")  # heaviest first
     return out
 
 
@@ -107,19 +110,25 @@ def balanced_deal(
     rng = np.random.default_rng([int(seed), int(epoch)]) if shuffle else None
     perm = (rng.permutation(n) if rng is not None else np.arange(n)).astype(idx)
     full = n // per_step
-    tail, body = perm[: n - full * per_step], perm[n - full * per_step :]
+    tail, body = perm[: n - full * per_step].copy(), perm[n - full * per_step :]  # tail: not a view of perm
     # neighbours in image tokens share a step; less full packs sort after the full ones, by real tokens
-    top = int(tokens.max()) if n else 0
-    key = image_tokens[body].astype(np.int64)
+    top, heaviest = (int(tokens.max()), int(image_tokens.max())) if n else (0, 0)
+    key = image_tokens[body].astype(np.int32 if heaviest + 1 + top < 2**31 else np.int64)
     underfull = tokens[body] < _FULL * top
-    key[underfull] = int(image_tokens.max(initial=0)) + 1 + tokens[body][underfull]
-    steps = body[np.argsort(key, kind="stable").astype(idx)].reshape(full, per_step)
-    del key, underfull, body, perm
+    key[underfull] = heaviest + 1 + tokens[body][underfull]
+    by_key = np.argsort(key, kind="stable")
+    del key, underfull
+    steps = body[by_key].reshape(full, per_step)
+    del by_key, body, perm
     steps = np.take_along_axis(steps, _snake(image_tokens[steps], dp_size, batch_size), axis=1)
-    steps = steps[_rounds(full, rng, rounds)].reshape(full, dp_size, batch_size).astype(np.int64)
-    if tail.size == 0 or drop_last:
-        return steps
-    return np.concatenate([steps, tail_step(tail, dp_size, batch_size)])
+    order, with_tail = _rounds(full, rng, rounds), bool(tail.size) and not drop_last
+    out = np.empty((full + with_tail, dp_size, batch_size), dtype=np.int64)
+    for a in range(0, full, _STEPS_AT_ONCE):  # widened a slice at a time: no second copy of the deal
+        b = min(a + _STEPS_AT_ONCE, full)
+        out[a:b] = steps[order[a:b]].reshape(b - a, dp_size, batch_size)
+    if with_tail:
+        out[full:] = tail_step(tail, dp_size, batch_size)
+    return out
 
 
 def balance_report(deal: np.ndarray, image_tokens: np.ndarray, tokens: np.ndarray) -> dict[str, float]:

@@ -164,7 +164,7 @@ class TokenStore:
             for a in range(0, n, _INDEX_CHUNK):
                 b = min(a + _INDEX_CHUNK, n)
                 part = lengths[a:b]
-                if not np.array_equal(np.diff(offsets[a : b + 1]), part.astype(np.int64)) or part.min() < 2:
+                if not np.array_equal(np.diff(offsets[a : b + 1]), part) or part.min() < 2:  # no int64 copy
                     raise SnapshotError(f"{where}: {layout.OFFSETS} and {layout.LENGTHS} disagree (or a "
                                         f"sample has < 2 tokens) in samples [{a}, {b})")  # fmt: skip
             shards = self.manifest["shards"]
