@@ -27,6 +27,7 @@ __all__ = [
     "bytes_on_disk",
     "canonical_sha256",
     "check_file",
+    "check_store_header",
     "check_store_records",
     "differing_keys",
     "human_size",
@@ -284,6 +285,20 @@ def human_size(size: int) -> str:
 
 _HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 _MAX_BYTES = 2**62
+
+
+def check_store_header(manifest: Any, where: Path | str, *, fmt: str, version: int, what: str) -> None:
+    """A sharded store's manifest is a JSON object of format `fmt` at `version` (`what` names the format
+    in errors: "token store"); `SnapshotError` naming `where` otherwise (for another version: what to do)."""
+    if not isinstance(manifest, dict):
+        raise SnapshotError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
+    if manifest.get("format") != fmt:
+        raise SnapshotError(f"{where}: a {manifest.get('format')!r} manifest, not a {what}")
+    if type(manifest.get("version")) is not int or manifest["version"] != version:
+        raise SnapshotError(
+            f"{where}: {what} version {manifest.get('version')!r} is not supported (this code reads "
+            f"{version}; build the store again with `puzzletron-data tokenize`)"
+        )
 
 
 def check_store_records(manifest: Mapping[str, Any], where: Path | str) -> None:

@@ -21,6 +21,7 @@ from puzzletron.dataset.formats.manifest import (
     MANIFEST,
     canonical_sha256,
     check_file,
+    check_store_header,
     check_store_records,
     load_json,
     parse_json,
@@ -178,15 +179,9 @@ def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
     """`manifest` (a parsed ``manifest.json``, named `where` in errors) with every field checked: format and
     version, dtype, vocabulary, pad id, counts, shards, identity and its hash, block checksums, file records.
     `SnapshotError` naming the first field that is wrong. O(shards + files); reads nothing else."""
-    if not isinstance(manifest, dict):
-        raise SnapshotError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
-    if manifest.get("format") != TOKEN_STORE_FORMAT:
-        raise SnapshotError(f"{where}: a {manifest.get('format')!r} manifest, not a token store")
-    if type(manifest.get("version")) is not int or manifest["version"] != TOKEN_STORE_VERSION:
-        raise SnapshotError(
-            f"{where}: token store version {manifest.get('version')!r} is not supported (this code reads "
-            f"{TOKEN_STORE_VERSION}; build the store again with `puzzletron-data tokenize`)"
-        )
+    check_store_header(
+        manifest, where, fmt=TOKEN_STORE_FORMAT, version=TOKEN_STORE_VERSION, what="token store"
+    )
     unknown = sorted(set(manifest) - _KEYS, key=str)
     if unknown or set(manifest) != _KEYS:
         missing = sorted(_KEYS - set(manifest))

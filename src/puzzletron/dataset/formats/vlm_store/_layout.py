@@ -22,6 +22,7 @@ from puzzletron.dataset.formats.manifest import (
     MANIFEST,
     canonical_sha256,
     check_file,
+    check_store_header,
     check_store_records,
     load_json,
 )
@@ -140,15 +141,7 @@ def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
     """`manifest` (a parsed VLM ``manifest.json``, named `where` in errors) with every field checked:
     format and version, identity and its hash, processor facts, counts, block checksums, file records.
     `SnapshotError` naming the first field that is wrong. Reads nothing else."""
-    if not isinstance(manifest, dict):
-        raise SnapshotError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
-    if manifest.get("format") != VLM_STORE_FORMAT:
-        raise SnapshotError(f"{where}: a {manifest.get('format')!r} manifest, not a VLM store")
-    if type(manifest.get("version")) is not int or manifest["version"] != VLM_STORE_VERSION:
-        raise SnapshotError(
-            f"{where}: VLM store version {manifest.get('version')!r} is not supported (this code reads "
-            f"{VLM_STORE_VERSION}; build the store again with `puzzletron-data tokenize`)"
-        )
+    check_store_header(manifest, where, fmt=VLM_STORE_FORMAT, version=VLM_STORE_VERSION, what="VLM store")
     if set(manifest) != _KEYS:
         raise SnapshotError(f"{where}: keys {sorted(_KEYS - set(manifest))} are missing and "
                             f"{sorted(set(manifest) - _KEYS, key=str)} unexpected")  # fmt: skip
