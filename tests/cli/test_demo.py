@@ -46,7 +46,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Completed
     return result, workdir
 
 
-STAGE_LINE = r"^\s+(ok|FAIL)\s+[\d.]+ s  \[(\d)\] (.+)$"
+STAGE_LINE = r"^\s+(ok|FAIL)\s+[\d.]+ s  \[(\d+)\] (.+)$"
 
 
 @pytest.mark.slow
@@ -55,8 +55,8 @@ def test_demo_runs_every_stage_and_reports(demo):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     stages = re.findall(STAGE_LINE, out, flags=re.M)
-    assert len(stages) == 9 and all(status == "ok" for status, _, _ in stages), stages
-    assert [int(n) for _, n, _ in stages] == list(range(1, 10))
+    assert len(stages) == 10 and all(status == "ok" for status, _, _ in stages), stages
+    assert [int(n) for _, n, _ in stages] == list(range(1, 11))
     assert "skip" not in out.lower().replace("skipped", "")  # every stage's code exists: none is skipped
     # The report: rows vs the bound, efficiency, tokens, what was dropped, fingerprints, total time.
     packing = re.search(
@@ -74,6 +74,11 @@ def test_demo_runs_every_stage_and_reports(demo):
     assert split and int(split[1].replace(",", "")) == int(packing[4].replace(",", "")) + dropped_tokens
     assert re.search(r"first batch per DP rank: [0-9a-f]{12}  [0-9a-f]{12}", out)
     assert re.search(r"every one of \d+ packs \(\d+ samples\) dealt exactly once", out)
+    # The VLM stage: one store built for both ranks, every image of the subset in some batch exactly once.
+    vlm = re.search(r"(\d+) samples dropped; every pack and all (\d+) images dealt once$", out, flags=re.M)
+    subset = json.loads((workdir / "snapshots" / "nemotron-vlm" / "manifest.json").read_text())
+    assert vlm and (int(vlm[1]), int(vlm[2])) == (0, subset["image_count"]), out[-3000:]
+    assert [p.name for p in (workdir / "stores").iterdir() if not p.name.startswith(".")].__len__() == 1
     assert re.search(r"^  total [\d.]+ s; ok$", out, flags=re.M)
     assert (workdir / "snapshots" / "puzzle-kd" / "train").is_dir()
     assert not (workdir / "hub.partial").exists()
@@ -98,7 +103,7 @@ def test_demo_json_is_one_line_and_the_stages_go_to_stderr(demo, tmp_path):
     (line,) = result.stdout.splitlines()
     facts = json.loads(line)
     assert (facts["command"], facts["status"], facts["path"]) == ("demo", "ok", str(tmp_path))
-    assert [s["status"] for s in facts["stages"]] == ["ok"] * 9 and "[9] write the README" in result.stderr
+    assert [s["status"] for s in facts["stages"]] == ["ok"] * 10 and "[9] write the README" in result.stderr
     assert facts["sample_count"] == 512 and facts["model"] == str(tmp_path / "model")
     first = re.search(r"first batch per DP rank: ([0-9a-f]{12})  ([0-9a-f]{12})", text.stdout)
     assert first and [f[:12] for f in facts["fingerprints"]] == [first[1], first[2]]  # the same run, seed 0
@@ -115,7 +120,7 @@ def test_demo_exits_non_zero_naming_the_failed_stage_and_stops(tmp_path):
     stages = re.findall(STAGE_LINE, result.stdout, flags=re.M)
     assert [(status, n) for status, n, _ in stages] == [("ok", "1"), ("ok", "2"), ("FAIL", "3")]
     assert "holds no complete Puzzle-KD snapshot" in result.stdout
-    assert "FAILED at stage [3], 6 stage(s) after it not run" in result.stdout
+    assert "FAILED at stage [3], 7 stage(s) after it not run" in result.stdout
 
 
 @pytest.mark.slow
@@ -149,8 +154,9 @@ def test_demo_is_deterministic_for_a_seed(demo, tmp_path):
         return re.findall(r"\b[0-9a-f]{12}\b", text)
 
     # Stage 1: the batch, 2 DP shards, 2 x 2 CP partitions, 2 one-row shards (9); stage 2: 4 repository
-    # shas; stage 7: each rank's first batch (2); stage 8: 2 DP shards, 2 x 2 CP partitions (6); report: 2.
-    assert len(prints(first.stdout)) == 23
+    # shas; stage 7: each rank's first batch (2); stage 8: 2 DP shards, 2 x 2 CP partitions (6); stage 10:
+    # each rank's first VLM batch (2), 2 DP shards, 2 x 2 CP partitions (8); report: 2.
+    assert len(prints(first.stdout)) == 31
     assert prints(first.stdout) == prints(again.stdout)
 
 

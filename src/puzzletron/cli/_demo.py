@@ -43,6 +43,7 @@ __all__ = ["register"]
 PACK_SIZE = 4096  # the demo's text pack size (Puzzle-KD chat lengths: median ~800 fixture tokens)
 DP, CP, PP = 2, 2, 2
 PACKS_PER_BATCH = 4
+VLM_PACK_SIZE = 1024  # the demo's VLM pack size (fixture image conversations: ~100-700 tokens)
 HUB_MARKER = "demo-hub.json"  # written last into <workdir>/hub: the seed of a complete fixture Hub
 
 
@@ -263,6 +264,51 @@ def _try_it(demo: _Demo, st: _Stage) -> None:
     )
 
 
+def _vlm(demo: _Demo, st: _Stage) -> None:
+    """`build_vlm_batches` on the Nemotron-VLM subset with the try-it processor: the VLM store built once
+    into ``stores/`` (the second rank finds it by identity), exact packs dealt to the DP ranks with their
+    image tokens balanced, every pack and image exactly once; one batch sharded over DP x CP x PP."""
+    from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
+    from puzzletron.dataset.distributed.sharding import check_sharding
+    from puzzletron.dataset.pipelines.vlm import build_vlm_batches
+
+    subset = demo.workdir / "snapshots" / "nemotron-vlm"
+    spec = PuzzletronDataSpec(
+        "multimodal", "packed_varlen", VLM_PACK_SIZE, PackingSpec(pack_size=VLM_PACK_SIZE)
+    )
+    packs: list[int] = []
+    images, firsts = 0, []
+    for rank in range(DP):
+        batches = build_vlm_batches(
+            subset, processor=demo.assets["processor"], spec=spec, batch_size=2, dp_rank=rank, dp_size=DP,
+            seed=demo.seed, cache_dir=demo.workdir / "stores",
+        )  # fmt: skip
+        built = list(batches)
+        packs.extend(i for b in built for i in b.source_metadata["items"] if i >= 0)
+        images += sum(int(b.model_kwargs["image_grid_thw"].shape[0]) for b in built)
+        firsts.append(built[0])
+        st.lines.append(
+            f"rank {rank}: {len(built)} batches of 2 packs x {VLM_PACK_SIZE} tokens, first {_fp(built[0])}"
+        )
+    store, plan = batches.store, batches.plan
+    if sorted(packs) != list(range(plan.num_rows)):
+        raise AssertionError("the sampler did not deal every VLM pack exactly once")
+    placed = plan.sample_order
+    want = int((store.image_offsets[placed + 1] - store.image_offsets[placed]).sum())
+    if images != want:
+        raise AssertionError(f"{images} images in the batches; the packed samples hold {want}")
+    st.lines.append(
+        f"VLM store {store.path.name}: {len(store)} samples, {store.num_images} images "
+        f"({int(store.image_tokens.sum()):,} image tokens), built once, reused by rank 1"
+    )
+    st.lines.append(
+        f"{plan.num_rows} packs of {VLM_PACK_SIZE} (lower bound {plan.lower_bound_rows}), efficiency "
+        f"{plan.efficiency:.2%}, {len(plan.dropped)} samples dropped; every pack and all {images} images "
+        "dealt once"
+    )
+    st.lines.extend(check_sharding(firsts[0], dp=DP, cp=CP, pp=PP))
+
+
 def _shard(demo: _Demo, st: _Stage) -> None:
     from puzzletron.dataset.distributed.sharding import check_sharding
 
@@ -279,6 +325,10 @@ STAGES: tuple[tuple[str, Callable[[_Demo, _Stage], None]], ...] = (
     (f"deal the packs to DP={DP} ranks and build every batch of epoch 0", _deal),
     (f"shard a packed text batch over DP={DP} x CP={CP} x PP={PP} and reassemble", _shard),
     ("write the README's try-it files: tokenizer, processor, tiny model", _try_it),
+    (
+        f"VLM store from the Nemotron-VLM subset, packed, dealt to DP={DP}, sharded (build_vlm_batches)",
+        _vlm,
+    ),
 )
 
 
