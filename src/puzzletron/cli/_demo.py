@@ -1,19 +1,15 @@
-"""`puzzletron-data demo`: the data stage end to end on the built-in fixture Hub.
+"""`puzzletron-data demo`: the data stage end to end on the built-in fixture Hub, offline.
 
-``demo`` runs the data stage end to end on the built-in fixture Hub, offline, in a temporary folder (or
-``--workdir``): check the batch contract on synthetic tensors, generate the fixture repositories and serve
-them on loopback (olah), materialise the Puzzle-KD, Nemotron-VLM and InterSyn snapshots and verify them,
-turn the text split into packed batches with `build_batches`, deal them to two DP ranks, shard one over
-DP x CP x PP and check that it reassembles, write the README's "try it" files (`puzzletron.cli._try_it`:
-``<workdir>/tokenizer``, ``processor``, ``model``), and print a report (rows, tokens, packing efficiency,
-fingerprints, time per stage). ``--json``: the stages go to stderr, stdout gets one JSON line
-(`puzzletron.cli._output`). Stages run in order and the demo stops at the first that fails: it is
-reported as ``FAIL`` with its error, the stages after it do not run (most need an earlier stage's result:
-the Hub, the snapshot, the batches) and are counted in the report, and the exit code is 1. A ``--workdir``
-of an earlier run is reused (its Hub and snapshots) only when that run used the same ``--seed``; any other
-``hub/`` there fails stage 2. Ctrl-C or SIGTERM stops the Hub server on the way out.
-
-The DP x CP x PP check is `puzzletron.dataset.distributed.sharding.check_sharding`.
+In a temporary folder (or ``--workdir``): check the batch contract on synthetic tensors, generate the fixture
+repositories and serve them on loopback (olah), materialise and verify the Puzzle-KD, Nemotron-VLM and
+InterSyn snapshots, turn the text split into packed batches (`build_batches`) dealt to two DP ranks, shard one
+over DP x CP x PP (`puzzletron.dataset.distributed.sharding.check_sharding`), write the README's "try it"
+files (`puzzletron.cli._try_it`), run the VLM path on the subset (`puzzletron.cli._demo_vlm`), and print a
+report (rows, tokens, efficiency, fingerprints, time per stage). ``--json``: stages to stderr, one JSON line
+to stdout (`puzzletron.cli._output`). The demo stops at the first stage that fails (reported ``FAIL`` with its
+error; the stages after it are counted, not run; exit code 1). A ``--workdir`` of an earlier run is reused
+(its Hub and snapshots) only for the same ``--seed``; any other ``hub/`` there fails stage 2. Ctrl-C or
+SIGTERM stops the Hub server on the way out.
 """
 
 from __future__ import annotations
@@ -36,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from puzzletron.cli._args import seed_type
+from puzzletron.cli._demo_vlm import vlm_stage
 from puzzletron.cli._output import add_json, emit
 
 __all__ = ["register"]
@@ -43,7 +40,6 @@ __all__ = ["register"]
 PACK_SIZE = 4096  # the demo's text pack size (Puzzle-KD chat lengths: median ~800 fixture tokens)
 DP, CP, PP = 2, 2, 2
 PACKS_PER_BATCH = 4
-VLM_PACK_SIZE = 1024  # the demo's VLM pack size (fixture image conversations: ~100-700 tokens)
 HUB_MARKER = "demo-hub.json"  # written last into <workdir>/hub: the seed of a complete fixture Hub
 
 
@@ -257,62 +253,19 @@ def _try_it(demo: _Demo, st: _Stage) -> None:
     """The README's "try it" inputs (`puzzletron.cli._try_it`) beside the demo's snapshots."""
     from puzzletron.cli._try_it import write_try_it_files
 
-    demo.assets = write_try_it_files(demo.workdir, seed=demo.seed)
-    st.lines.append(f"tokenizer {demo.assets['tokenizer']}, processor {demo.assets['processor']}")
-    st.lines.append(
-        f"model {demo.assets['model']}: a tiny random Qwen2 ({demo.assets['parameters']:,} parameters)"
-    )
-
-
-def _vlm(demo: _Demo, st: _Stage) -> None:
-    """`build_vlm_batches` on the Nemotron-VLM subset with the try-it processor: the VLM store built once
-    into ``stores/`` (the second rank finds it by identity), exact packs dealt to the DP ranks with their
-    image tokens balanced, every pack and image exactly once; one batch sharded over DP x CP x PP."""
-    from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
-    from puzzletron.dataset.distributed.sharding import check_sharding
-    from puzzletron.dataset.pipelines.vlm import build_vlm_batches
-
-    subset = demo.workdir / "snapshots" / "nemotron-vlm"
-    spec = PuzzletronDataSpec(
-        "multimodal", "packed_varlen", VLM_PACK_SIZE, PackingSpec(pack_size=VLM_PACK_SIZE)
-    )
-    packs: list[int] = []
-    images, firsts = 0, []
-    for rank in range(DP):
-        batches = build_vlm_batches(
-            subset, processor=demo.assets["processor"], spec=spec, batch_size=2, dp_rank=rank, dp_size=DP,
-            seed=demo.seed, cache_dir=demo.workdir / "stores",
-        )  # fmt: skip
-        built = list(batches)
-        packs.extend(i for b in built for i in b.source_metadata["items"] if i >= 0)
-        images += sum(int(b.model_kwargs["image_grid_thw"].shape[0]) for b in built)
-        firsts.append(built[0])
-        st.lines.append(
-            f"rank {rank}: {len(built)} batches of 2 packs x {VLM_PACK_SIZE} tokens, first {_fp(built[0])}"
-        )
-    store, plan = batches.store, batches.plan
-    if sorted(packs) != list(range(plan.num_rows)):
-        raise AssertionError("the sampler did not deal every VLM pack exactly once")
-    placed = plan.sample_order
-    want = int((store.image_offsets[placed + 1] - store.image_offsets[placed]).sum())
-    if images != want:
-        raise AssertionError(f"{images} images in the batches; the packed samples hold {want}")
-    st.lines.append(
-        f"VLM store {store.path.name}: {len(store)} samples, {store.num_images} images "
-        f"({int(store.image_tokens.sum()):,} image tokens), built once, reused by rank 1"
-    )
-    st.lines.append(
-        f"{plan.num_rows} packs of {VLM_PACK_SIZE} (lower bound {plan.lower_bound_rows}), efficiency "
-        f"{plan.efficiency:.2%}, {len(plan.dropped)} samples dropped; every pack and all {images} images "
-        "dealt once"
-    )
-    st.lines.extend(check_sharding(firsts[0], dp=DP, cp=CP, pp=PP))
+    demo.assets = files = write_try_it_files(demo.workdir, seed=demo.seed)
+    st.lines.append(f"tokenizer {files['tokenizer']}, processor {files['processor']}")
+    st.lines.append(f"model {files['model']}: a tiny random Qwen2 ({files['parameters']:,} parameters)")
 
 
 def _shard(demo: _Demo, st: _Stage) -> None:
     from puzzletron.dataset.distributed.sharding import check_sharding
 
     st.lines.extend(check_sharding(demo.first_batches[0], dp=DP, cp=CP, pp=PP))
+
+
+def _vlm(demo: _Demo, st: _Stage) -> None:
+    st.lines.extend(vlm_stage(demo.workdir, demo.assets["processor"], seed=demo.seed, dp=DP, cp=CP, pp=PP))
 
 
 STAGES: tuple[tuple[str, Callable[[_Demo, _Stage], None]], ...] = (
@@ -325,10 +278,7 @@ STAGES: tuple[tuple[str, Callable[[_Demo, _Stage], None]], ...] = (
     (f"deal the packs to DP={DP} ranks and build every batch of epoch 0", _deal),
     (f"shard a packed text batch over DP={DP} x CP={CP} x PP={PP} and reassemble", _shard),
     ("write the README's try-it files: tokenizer, processor, tiny model", _try_it),
-    (
-        f"VLM store from the Nemotron-VLM subset, packed, dealt to DP={DP}, sharded (build_vlm_batches)",
-        _vlm,
-    ),
+    (f"VLM store from the Nemotron-VLM subset, packs dealt to DP={DP}, sharded (build_vlm_batches)", _vlm),
 )
 
 
