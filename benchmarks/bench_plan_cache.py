@@ -31,8 +31,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 PACK, BATCH, RANKS = 4096, 8, 64
 
 _RANK = """
@@ -82,20 +80,10 @@ def _fresh(code: str) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _lengths(work: Path, n: int) -> Path:
-    path = work / f"lengths-{n}.npy"
-    if not path.is_file():
-        rng = np.random.default_rng(0)
-        out = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint32, shape=(n,))
-        for a in range(0, n, 1 << 22):
-            m = min(1 << 22, n - a)
-            out[a : a + m] = np.clip(np.rint(rng.lognormal(np.log(450), 0.8, size=m)), 1, 60_000)
-        out.flush()
-    return path
-
-
 def run(work: Path, n: int, policies: list[str], repeats: int, modes: list[str]) -> list[dict[str, Any]]:
-    lengths = _lengths(work, n)
+    from bench_store import synthetic_lengths
+
+    lengths = synthetic_lengths(work, n)
     rows = []
     for policy in policies:
         cache = work / f"plans-{policy}"
