@@ -28,7 +28,7 @@ import numpy as np
 from puzzletron.dataset._checks import require_seed
 from puzzletron.dataset.config import PuzzletronDataSpec
 from puzzletron.dataset.errors import ConfigError, PackingError
-from puzzletron.dataset.packing._plan import PackingPlan, plan_packing
+from puzzletron.dataset.packing._plan import IndexSequence, PackingPlan, plan_packing
 from puzzletron.dataset.packing._sort import chunks
 from puzzletron.dataset.packing._units import cut_long_samples
 
@@ -73,7 +73,7 @@ def _single_rows(
         row_lengths=row_lengths,
         num_samples=int(lengths.shape[0]),
         total_tokens=int(row_lengths.sum()),
-        dropped=tuple(dropped.tolist()),
+        dropped=IndexSequence(dropped),  # an array, not a Python int a dropped sample
         dropped_tokens=int(planned[dropped].sum()),
         seed=seed,
         policy="truncate",
