@@ -35,8 +35,7 @@ __all__ = ["ROUNDS", "balance_report", "balanced_deal", "tail_step"]
 
 ROUNDS = 10  # tenths of an epoch, each a stratified sample of the steps
 _FULL = 0.99  # a pack with fewer real tokens than this share of the fullest is dealt apart
-_STEPS_AT_ONCE = 1 << 14
-_SORT_STEPS = 1 << 10
+_STEPS_AT_ONCE = 1 << 10  # steps sorted or widened to int64 at a time: bounded temporaries
 
 
 def tail_step(items: np.ndarray, dp_size: int, batch_size: int) -> np.ndarray:
@@ -60,9 +59,9 @@ def _snake(loads: np.ndarray, dp_size: int, batch_size: int) -> np.ndarray:
     rank = np.where(lap % 2 == 0, pos, dp_size - 1 - pos)  # 0 1 2 3 3 2 1 0 0 1 ...
     slot = rank * batch_size + lap
     out = np.empty(loads.shape, dtype=np.int32)  # positions within a step
-    for a in range(0, loads.shape[0], _SORT_STEPS):  # the sort's int64 temporaries a slice at a time
-        part = np.negative(loads[a : a + _SORT_STEPS], dtype=np.int64)
-        out[a : a + _SORT_STEPS, slot] = np.argsort(part, axis=1, kind="stable")  # heaviest first
+    for a in range(0, loads.shape[0], _STEPS_AT_ONCE):  # the sort's int64 temporaries a slice at a time
+        part = np.negative(loads[a : a + _STEPS_AT_ONCE], dtype=np.int64)
+        out[a : a + _STEPS_AT_ONCE, slot] = np.argsort(part, axis=1, kind="stable")  # heaviest first
     return out
 
 
