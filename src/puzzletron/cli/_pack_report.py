@@ -102,7 +102,8 @@ def _pack_report(args: argparse.Namespace) -> int:
     from puzzletron.dataset.errors import ConfigError
     from puzzletron.dataset.formats.token_store import TokenStore
     from puzzletron.dataset.packing import plan_packing
-    from puzzletron.dataset.pipelines.text import is_token_store, load_text_split, tokenize_conversations
+    from puzzletron.dataset.pipelines.text import is_token_store, load_text_split
+    from puzzletron.dataset.tokenize import tokenize_conversations
 
     datasets.disable_progress_bars()
     spec = PackingSpec(pack_size=args.pack_size)  # a bad option fails before any work

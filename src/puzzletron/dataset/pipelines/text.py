@@ -17,25 +17,25 @@ tokens; the batches are identical (same fingerprints) to those of the in-memory 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.batch import Modality
-from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
-from puzzletron.dataset.distributed import DistributedPackSampler, PackedBatches
-from puzzletron.dataset.errors import ConfigError, SnapshotError
-from puzzletron.dataset.formats import MANIFEST, detect
+from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions
+from puzzletron.dataset.distributed import PackedBatches
+from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.text_snapshot import load_text_split
-from puzzletron.dataset.formats.token_store import LENGTHS, TOKEN_STORE_FORMAT, TokenStore
-from puzzletron.dataset.packing import PackingPlan, TokenizedSamples, plan_packing
-from puzzletron.dataset.packing.plan_cache import store_plan
-from puzzletron.dataset.packing.sources import StoreSamples
 from puzzletron.dataset.pipelines._batches import RankBatches
-from puzzletron.dataset.pipelines._report import LOG, BuildProgress, is_rank_zero, log_plan
-from puzzletron.dataset.storage.objects import is_url
-from puzzletron.dataset.tokenize import TokenizedText, build_token_store, tokenize_conversations
+from puzzletron.dataset.pipelines._core import (
+    DealOptions,
+    component_plan,
+    deal,
+    is_token_store,
+    text_component,
+)
+from puzzletron.dataset.pipelines._report import is_rank_zero, log_plan
+from puzzletron.dataset.tokenize import TokenizedText
 
 __all__ = ["TextBatches", "build_batches", "is_token_store", "load_text_split"]
 
@@ -102,7 +102,7 @@ def build_batches(
             f"build_batches builds text batches; data.modality is {Modality(spec.modality).value}"
         )
     report = is_rank_zero(dp_rank)
-    tokenized = _tokenized(
+    component = text_component(
         source,
         tokenizer=tokenizer,
         split=split,
@@ -111,119 +111,15 @@ def build_batches(
         num_proc=num_proc,
         report=report,
     )
-    samples = tokenized.samples
-    plan = None
-    if spec.packing is not None:
-        plan = _plan(samples, spec.packing, seed=seed, cache=plan_cache, cache_dir=cache_dir)
-        if report:
-            log_plan(plan)
+    plan = component_plan(component, spec, seed=seed, cache=plan_cache, cache_dir=cache_dir)
+    if plan is not None and report:
+        log_plan(plan)
     dataset = PackedBatches(
-        samples, spec, plan, pad_token_id=tokenized.pad_token_id, pad_to_multiple_of=pad_to_multiple_of
+        component.samples,
+        spec,
+        plan,
+        pad_token_id=component.pad_token_id,
+        pad_to_multiple_of=pad_to_multiple_of,
     )
-    sampler = DistributedPackSampler(
-        len(dataset),
-        batch_size=batch_size,
-        dp_rank=dp_rank,
-        dp_size=dp_size,
-        seed=seed,
-        shuffle=shuffle,
-        drop_last=drop_last,
-    )
-    return TextBatches(plan=plan, dataset=dataset, sampler=sampler, tokenized=tokenized)
-
-
-def _plan(
-    samples: TokenizedSamples | StoreSamples,
-    spec: PackingSpec,
-    *,
-    seed: int,
-    cache: str | Path | None,
-    cache_dir: str | Path | None,
-) -> PackingPlan:
-    """The packing plan of `samples`: from the plan cache for a token store, else planned here."""
-    if isinstance(samples, TokenizedSamples):
-        return plan_packing(samples.lengths, spec, seed=seed, sample_ids=samples.sample_ids)
-    return store_plan(samples.store, spec, seed=seed, cache=cache, cache_dir=cache_dir, files=(LENGTHS,))
-
-
-def _tokenized(
-    source: str | Path | Any,
-    *,
-    tokenizer: str | Path | Any,
-    split: str,
-    cache_dir: str | Path | None,
-    options: TokenizeOptions,
-    num_proc: int,
-    report: bool,
-) -> TokenizedText:
-    """The tokenised samples of ``source``: from a token store (given, or built/reused in ``cache_dir``),
-    else tokenised in memory; with ``report``, logged (`puzzletron.dataset.pipelines._report`)."""
-    if is_url(source):
-        if not is_token_store(source):
-            raise SnapshotError(
-                f"{source}: not a token store; build_batches reads token stores at URLs (build one with "
-                "`puzzletron-data tokenize SNAPSHOT --output URL` or cache_dir=URL)"
-            )
-        return _from_store(TokenStore(source))
-    path = Path(source) if isinstance(source, str | Path) else None
-    if path is not None and is_token_store(path):
-        return _from_store(TokenStore(path))
-    if tokenizer is None:
-        raise ConfigError(f"build_batches: tokenizer is required to tokenise {source!r} (not a token store)")
-    if cache_dir is not None:
-        if path is None:
-            raise ConfigError(
-                "build_batches: cache_dir needs a snapshot folder as source, not rows in memory"
-            )
-        progress = BuildProgress(path, split) if report else None
-        built = build_token_store(
-            path,
-            tokenizer=tokenizer,
-            cache_dir=cache_dir,
-            split=split,
-            options=options,
-            num_proc=num_proc,
-            progress=progress,
-        )
-        if progress is not None:
-            progress.finished(built)
-        return _from_store(TokenStore(built))
-    rows = load_text_split(path, split=split) if path is not None else source
-    started = time.perf_counter()
-    tokenized = tokenize_conversations(rows, tokenizer=tokenizer, options=options, num_proc=num_proc)
-    if report:
-        LOG.info(
-            "tokenised %s rows in memory in %.1f s (with cache_dir a token store keeps them for every rank "
-            "and restart)",
-            f"{len(tokenized.samples) + tokenized.skipped:,}",
-            time.perf_counter() - started,
-        )
-    return tokenized
-
-
-def is_token_store(source: Any) -> bool:
-    """Whether ``source`` is a folder whose manifest names the token-store format (the reader then checks
-    the rest)."""
-    if not isinstance(source, str | Path):
-        return False
-    if is_url(source):
-        try:
-            return detect(source) == TOKEN_STORE_FORMAT
-        except SnapshotError:
-            return False
-    path = Path(source)
-    if not (path / MANIFEST).is_file():
-        return False
-    try:
-        return detect(path) == TOKEN_STORE_FORMAT
-    except SnapshotError:
-        return False  # another kind of folder: a snapshot's own reader says what is wrong with it
-
-
-def _from_store(store: TokenStore) -> TokenizedText:
-    return TokenizedText(
-        samples=StoreSamples(store),
-        skipped=store.skipped,
-        skipped_ids=tuple(store.skipped_ids()),
-        pad_token_id=store.pad_token_id,
-    )
+    sampler = deal(len(dataset), DealOptions(batch_size, dp_rank, dp_size, seed, shuffle, drop_last))
+    return TextBatches(plan=plan, dataset=dataset, sampler=sampler, tokenized=component.tokenized)

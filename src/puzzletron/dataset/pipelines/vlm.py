@@ -23,29 +23,20 @@ Layouts: ``packed_varlen`` (the point), ``padded_varlen`` and ``fixed`` (one sam
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from puzzletron.dataset._checks import require_positive
 from puzzletron.dataset.batch import Modality
 from puzzletron.dataset.config import PuzzletronDataSpec
-from puzzletron.dataset.distributed import DistributedPackSampler
-from puzzletron.dataset.errors import ConfigError, SnapshotError
-from puzzletron.dataset.formats import MANIFEST, detect
-from puzzletron.dataset.formats.manifest import sha256_file
-from puzzletron.dataset.formats.subset import SUBSET_FORMAT
-from puzzletron.dataset.formats.vlm_store import MEDIA_END, TOKENS_MANIFEST, VLM_STORE_FORMAT, VlmStore
-from puzzletron.dataset.packing import PackingPlan, StoreNames, StoreSamples, plan_vlm, row_sums
-from puzzletron.dataset.packing.media import check_vlm_packing
-from puzzletron.dataset.packing.plan_cache import store_plan
+from puzzletron.dataset.errors import ConfigError
+from puzzletron.dataset.formats.vlm_store import VlmStore
 from puzzletron.dataset.pipelines._batches import RankBatches
-from puzzletron.dataset.pipelines._vlm_media import VlmMedia, VlmPackedBatches, check_processor
-from puzzletron.dataset.tokenize import build_vlm_store, vlm_processor
+from puzzletron.dataset.pipelines._core import DealOptions, component_plan, deal, pack_loads, vlm_component
+from puzzletron.dataset.pipelines._vlm_media import VlmPackedBatches
 from puzzletron.dataset.tokenize.vlm_store import DEFAULT_ROWS_PER_SHARD
 
 __all__ = ["VlmBatches", "build_vlm_batches"]
@@ -57,61 +48,6 @@ class VlmBatches(RankBatches):
     row), dealt to one DP rank (``sampler``), batches built by ``dataset`` (`RankBatches`)."""
 
     store: VlmStore
-
-
-def _format(path: Path) -> str | None:
-    if not (path / MANIFEST).is_file():
-        return None
-    try:
-        return detect(path)
-    except SnapshotError:
-        return None
-
-
-def _store(
-    source: Path, processor: Any, subset: Path | None, cache_dir: Any, num_proc: int, rows_per_shard: int
-) -> tuple[VlmStore, Path | None]:
-    """The VLM store of ``source`` (a store, or a subset built or reused in ``cache_dir``) and the subset
-    its images are read from (None: not given; batches then cannot be built)."""
-    fmt = _format(source)
-    if fmt == VLM_STORE_FORMAT:
-        return VlmStore(source), subset
-    if fmt != SUBSET_FORMAT:
-        raise ConfigError(f"build_vlm_batches: {source} is neither a conversation subset nor a VLM store")
-    if processor is None or cache_dir is None:
-        raise ConfigError(
-            f"build_vlm_batches: {source} is a subset: give processor= and cache_dir= (the VLM store is "
-            "built there once), or pass a VLM store folder"
-        )
-    path = build_vlm_store(
-        source, processor=processor, cache_dir=cache_dir, num_proc=num_proc, rows_per_shard=rows_per_shard
-    )
-    return VlmStore(path), source
-
-
-def _check_subset(store: VlmStore, subset: Path) -> None:
-    """`SnapshotError` unless `subset` is the subset the store was built from (its manifest's SHA-256)."""
-    recorded = store.manifest["identity"]["subset"]["manifest_sha256"]
-    if not (subset / MANIFEST).is_file() or sha256_file(subset / MANIFEST) != recorded:
-        raise SnapshotError(f"{subset} is not the subset the VLM store {store.path} was built from")
-
-
-def _plan(store: VlmStore, spec: PuzzletronDataSpec, *, seed: int, cache: Any, cache_dir: Any) -> PackingPlan:
-    """The plan of the store's samples: packs from the plan cache (planned there once), one sample a row
-    otherwise (cheap: planned here)."""
-    if spec.packing is None:
-        return plan_vlm(store.lengths, store.media_end, spec, seed=seed, sample_ids=StoreNames(store))
-    check_vlm_packing(spec)
-    return store_plan(
-        store,
-        spec.packing,
-        seed=seed,
-        cache=cache,
-        cache_dir=cache_dir,
-        files=(TOKENS_MANIFEST, MEDIA_END),
-        estimated=True,
-        keep_at_least=store.media_end,
-    )  # fmt: skip  (estimated: packing_ratio caps the fill, its seed meaning)
 
 
 def build_vlm_batches(
@@ -156,40 +92,25 @@ def build_vlm_batches(
     if not isinstance(pixel_dtype, torch.dtype) or not pixel_dtype.is_floating_point:
         raise ConfigError(f"pixel_dtype must be a floating torch.dtype; got {pixel_dtype!r}")
     require_positive(pad_to_multiple_of, "pad_to_multiple_of", error=ConfigError)
-    root = Path(os.path.abspath(source))
-    subset_root = Path(os.path.abspath(subset)) if subset is not None else None
-    store, images_from = _store(root, processor, subset_root, cache_dir, num_proc, rows_per_shard)
-    if processor is not None:
-        check_processor(store, vlm_processor(processor))
-    if images_from is not None and images_from != root:
-        _check_subset(store, images_from)
-    plan = _plan(store, spec, seed=seed, cache=plan_cache, cache_dir=cache_dir)
-    media = None
-    if processor is not None and images_from is not None:
-        proc = str(processor) if isinstance(processor, str | Path) else processor
-        media = VlmMedia(store, images_from, proc, pixel_dtype)
+    component = vlm_component(
+        source,
+        processor=processor,
+        subset=subset,
+        cache_dir=cache_dir,
+        num_proc=num_proc,
+        rows_per_shard=rows_per_shard,
+        pixel_dtype=pixel_dtype,
+    )
+    plan = component_plan(component, spec, seed=seed, cache=plan_cache, cache_dir=cache_dir)
     dataset = VlmPackedBatches(
-        StoreSamples(store),
+        component.samples,
         spec,
         plan,
-        pad_token_id=store.pad_token_id,
+        pad_token_id=component.pad_token_id,
         pad_to_multiple_of=pad_to_multiple_of,
-        media=media,
+        media=component.media,
     )
-    # [packs, 2] image and real tokens of every pack (int32: a pack's tokens fit)
-    loads = (
-        np.stack([row_sums(plan, store.image_tokens), plan.row_lengths], axis=1).astype(np.int32)
-        if balance
-        else None
-    )
-    sampler = DistributedPackSampler(
-        plan.num_rows,
-        batch_size=batch_size,
-        dp_rank=dp_rank,
-        dp_size=dp_size,
-        seed=seed,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        loads=loads,
-    )
-    return VlmBatches(plan=plan, dataset=dataset, sampler=sampler, store=store)
+    loads = pack_loads(component, plan) if balance else None
+    options = DealOptions(batch_size, dp_rank, dp_size, seed, shuffle, drop_last)
+    sampler = deal(plan.num_rows, options, loads=loads)
+    return VlmBatches(plan=plan, dataset=dataset, sampler=sampler, store=component.store)
