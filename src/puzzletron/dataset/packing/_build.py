@@ -9,7 +9,8 @@ costs O(tokens of the batch), with no per-token or per-sample Python loop.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from puzzletron.dataset.errors import PackingError
 from puzzletron.dataset.packing._units import Units
 from puzzletron.dataset.packing.sources import SampleSource, ragged
 
-__all__ = ["build_batch"]
+__all__ = ["Spans", "build_batch", "build_spans"]
 
 
 def _check_rows(rows: Sequence[Sequence[int]], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -41,6 +42,34 @@ def _check_rows(rows: Sequence[Sequence[int]], n: int) -> tuple[np.ndarray, np.n
     if np.unique(order).shape[0] != order.shape[0]:
         raise PackingError("a sample appears twice in the rows of one batch")
     return order, counts
+
+
+@dataclass(frozen=True, eq=False)
+class Spans:
+    """The token spans a batch holds, in order: span ``k`` is tokens ``[start[k], start[k] + length[k])``
+    of sample ``sample[k]`` of a `SampleSource`, named ``names[k]`` (a unit of a cut sample is a document of
+    its own: ``cut[k]``). Rows hold ``counts`` spans each (``[B]``, 0 for a padding row)."""
+
+    sample: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    counts: np.ndarray
+    names: Callable[[np.ndarray], list[str]]  # the names of spans ``k``
+    cut: bool = False
+
+    @classmethod
+    def of_rows(cls, samples: SampleSource, rows: Sequence[Sequence[int]], units: Units | None) -> Spans:
+        """The spans of ``rows`` of sample indices (of ``units`` when a plan cut long samples)."""
+        order, counts = _check_rows(rows, len(samples) if units is None else len(units))
+        if units is None:
+            lengths = samples.lengths[order].astype(np.int64)  # a store's index is uint32
+            return cls(order, np.zeros_like(order), lengths, counts, lambda k: samples.names(order[k]))
+
+        def names(k: np.ndarray) -> list[str]:
+            return units.names(order[k], samples.names(units.sample[order[k]]))
+
+        sample = units.sample[order].astype(np.int64)
+        return cls(sample, units.start[order], units.length[order], counts, names, cut=True)
 
 
 def build_batch(
@@ -71,20 +100,33 @@ def build_batch(
     ``seq_ids`` order. With ``units`` (a plan's cut long samples) the rows index units, each packed as a
     document of its own whose last label is -100.
     """
-    layout = DataLayout(spec.layout)
     if pad_to_multiple_of < 1:
         raise PackingError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
-    order, counts = _check_rows(rows, len(samples) if units is None else len(units))
-    n_rows = len(rows)
-    if units is None:
-        sample_of, starts = order, np.zeros_like(order)
-        lengths = samples.lengths[order].astype(np.int64)  # a store's index is uint32
-    else:
-        sample_of, starts, lengths = units.sample[order], units.start[order], units.length[order]
+    spans = Spans.of_rows(samples, rows, units)
+    return build_spans(
+        samples,
+        spans,
+        spec=spec,
+        pad_token_id=pad_token_id,
+        pad_to_multiple_of=pad_to_multiple_of,
+        source_metadata=source_metadata,
+    )
 
-    def unit_names(indices: np.ndarray) -> list[str]:
-        names = samples.names(sample_of[indices])
-        return names if units is None else units.names(order[indices], names)
+
+def build_spans(
+    samples: SampleSource,
+    spans: Spans,
+    *,
+    spec: PuzzletronDataSpec,
+    pad_token_id: int = 0,
+    pad_to_multiple_of: int = 1,
+    source_metadata: Mapping[str, Any] | None = None,
+) -> PuzzletronBatch:
+    """`build_batch` of given `Spans` (rows of spans of ``samples``)."""
+    layout = DataLayout(spec.layout)
+    counts, sample_of, starts, lengths = spans.counts, spans.sample, spans.start, spans.length
+    n_rows = counts.shape[0]
+    unit_names = spans.names
 
     if layout is DataLayout.PACKED_VARLEN:
         if spec.packing is None:
@@ -115,7 +157,7 @@ def build_batch(
             width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
     slot, position = ragged(take)
     token_ids, token_labels = samples.gather(sample_of, starts, take)
-    if units is not None:  # a unit is a document: no label crosses its end
+    if spans.cut:  # a unit is a document: no label crosses its end
         token_labels[(np.cumsum(take) - 1)[take > 0]] = IGNORE_INDEX
     if layout is DataLayout.PACKED_VARLEN:
         # Column of a token: where its sample starts inside its row, plus its position in the sample.
@@ -137,7 +179,7 @@ def build_batch(
     seq_ids = _scatter(slot, -1)
     valid = seq_ids >= 0
     ce_mask = labels != IGNORE_INDEX
-    names = unit_names(np.arange(order.shape[0]))
+    names = unit_names(np.arange(sample_of.shape[0]))
     bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
     row_names = tuple(
         "|".join(names[a:b]) if b > a else f"__padding_{r}"

@@ -28,6 +28,7 @@ from puzzletron.dataset.errors import PackingError
 from puzzletron.dataset.formats.token_store import TokenStore
 
 __all__ = [
+    "ConcatSamples",
     "SampleSource",
     "StoreNames",
     "StoreSamples",
@@ -212,3 +213,54 @@ class StoreNames(Sequence[str]):
 
     def __getitem__(self, index: int) -> str:  # type: ignore[override]
         return self.store.sample_ids(np.array([index]))[0]
+
+
+@dataclass(frozen=True, eq=False)
+class ConcatSamples:
+    """Several `SampleSource` s as one: sample ``i`` of source ``c`` is sample ``offsets[c] + i`` (a mixture's
+    batch reads the rows of all its components through one gather)."""
+
+    sources: tuple[SampleSource, ...]
+    offsets: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        sizes = [len(s) for s in self.sources]
+        object.__setattr__(self, "offsets", np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """``[n]`` tokens per sample, every source's (a copy: for small inputs and tests)."""
+        return np.concatenate([np.asarray(s.lengths, dtype=np.int64) for s in self.sources])
+
+    def split(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The source of each global sample index and its index there."""
+        source = np.searchsorted(self.offsets, indices, side="right") - 1
+        return source, indices - self.offsets[source]
+
+    def names(self, indices: np.ndarray) -> list[str]:
+        source, local = self.split(np.asarray(indices, dtype=np.int64))
+        out: list[str] = [""] * source.shape[0]
+        for c in np.unique(source).tolist():
+            at = np.flatnonzero(source == c)
+            for k, name in zip(at.tolist(), self.sources[c].names(local[at]), strict=True):
+                out[k] = name
+        return out
+
+    def gather(
+        self, indices: np.ndarray, starts: np.ndarray, takes: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        source, local = self.split(np.asarray(indices, dtype=np.int64))
+        total = int(takes.sum())
+        ids = np.empty(total, dtype=np.int64)
+        labels = np.empty(total, dtype=np.int64)
+        first = np.cumsum(takes) - takes  # [k] where each span's tokens go
+        for c in np.unique(source).tolist():
+            at = np.flatnonzero(source == c)
+            got_ids, got_labels = self.sources[c].gather(local[at], starts[at], takes[at])
+            span, position = ragged(takes[at])
+            dest = first[at][span] + position
+            ids[dest], labels[dest] = got_ids, got_labels
+        return ids, labels

@@ -94,44 +94,99 @@ class VlmMedia:
             )
         return pixels, want
 
-    def attach(
-        self, batch: PuzzletronBatch, rows: Sequence[Sequence[int]], units: Units | None
-    ) -> PuzzletronBatch:
-        """`batch` (built from the store's tokens for `rows` of units) with its media (module docstring)."""
+    def images_of(self, samples: np.ndarray) -> ImageBlock:
+        """The images of documents of ``samples`` (store sample indices, in document order)."""
         store = self.store
-        order = np.fromiter((i for row in rows for i in row), dtype=np.int64)
-        samples = order if units is None else units.sample[order].astype(np.int64)
         first = np.asarray(store.image_offsets[samples], dtype=np.int64)
         count = np.asarray(store.image_offsets[samples + 1], dtype=np.int64) - first
         images = ragged_arange(first, count)
         grid = np.asarray(store.grid[images], dtype=np.int64).reshape(-1, 3)
-        pixel_values, image_grid = self._pixels(images, grid)
-        per_row = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
-        row_of = np.repeat(np.arange(len(rows)), per_row)
-        counts = torch.from_numpy(np.bincount(row_of, weights=count, minlength=len(rows)).astype(np.int64))
-        ids, valid = batch.input_ids.numpy(), batch.hidden_mask.numpy()
-        image = (ids == store.image_token_id) & valid
-        b, t = ids.shape
-        if batch.sequence.seq_ids is not None:
-            doc = batch.sequence.seq_ids.numpy()
-        else:
-            doc = np.broadcast_to(np.arange(b)[:, None], (b, t))
-        doc = np.where(valid, doc, -1 - np.arange(b)[:, None])  # a padding run is a document of its own
-        positions = mrope_ids(image.reshape(-1), doc.reshape(-1), grid, store.merge_size).reshape(3, b, t)
-        positions = np.where(valid[None], positions, 0)
-        kwargs = {
-            **batch.model_kwargs,
-            "position_ids": torch.from_numpy(positions),
-            "mm_token_type_ids": torch.from_numpy(image.astype(np.int64)),
-            "pixel_values": pixel_values,
-            "image_grid_thw": image_grid,
-        }
-        sequence = dataclasses.replace(
-            batch.sequence, media_counts=counts, media_offsets=media_offsets_from_counts(counts)
+        pixel_values, _ = self._pixels(images, grid)
+        return ImageBlock(pixel_values=pixel_values, grid=grid, counts=count)
+
+    def attach(
+        self, batch: PuzzletronBatch, rows: Sequence[Sequence[int]], units: Units | None
+    ) -> PuzzletronBatch:
+        """`batch` (built from the store's tokens for `rows` of units) with its media (module docstring)."""
+        order = np.fromiter((i for row in rows for i in row), dtype=np.int64)
+        samples = order if units is None else units.sample[order].astype(np.int64)
+        block = self.images_of(samples)
+        return attach_media(
+            batch,
+            [block],
+            np.zeros(samples.shape[0], dtype=np.int64),
+            image_token_id=self.store.image_token_id,
+            merge_size=self.store.merge_size,
         )
-        return dataclasses.replace(
-            batch, model_kwargs=kwargs, sequence=sequence, modality=Modality.MULTIMODAL
-        )
+
+
+@dataclass(frozen=True, eq=False)
+class ImageBlock:
+    """The images of some documents: ``pixel_values`` ``[patches, D]``, ``grid`` ``[images, 3]`` (t, h, w)
+    and ``counts`` ``[documents]`` images of each document, in document order."""
+
+    pixel_values: torch.Tensor
+    grid: np.ndarray
+    counts: np.ndarray
+
+
+def attach_media(
+    batch: PuzzletronBatch,
+    blocks: Sequence[ImageBlock],
+    doc_block: np.ndarray,
+    *,
+    image_token_id: int,
+    merge_size: int,
+) -> PuzzletronBatch:
+    """`batch` with the media of its documents (module docstring): document ``k`` (in ``seq_ids`` order; one
+    a row unpacked) takes its images from ``blocks[doc_block[k]]`` (the block's documents in batch order),
+    ``doc_block[k] = -1`` for a text document (none of its tokens is an image token)."""
+    doc_block = np.asarray(doc_block, dtype=np.int64)
+    n_docs = doc_block.shape[0]
+    # each document's images, and where they sit among the blocks' images laid end to end
+    count = np.zeros(n_docs, dtype=np.int64)
+    first = np.zeros(n_docs, dtype=np.int64)
+    image_base = np.cumsum([0] + [b.grid.shape[0] for b in blocks])
+    for k, block in enumerate(blocks):
+        at = np.flatnonzero(doc_block == k)
+        count[at] = block.counts
+        first[at] = image_base[k] + np.cumsum(block.counts) - block.counts
+    images = ragged_arange(first, count)  # blocks' images in document order
+    grid_all = np.concatenate([b.grid for b in blocks]) if blocks else np.zeros((0, 3), np.int64)
+    grid = grid_all[images]
+    pixels = [b.pixel_values for b in blocks]
+    patches = np.prod(grid_all, axis=1)
+    patch_start = np.cumsum(patches) - patches
+    if len(pixels) == 1 and np.array_equal(images, np.arange(images.shape[0])):
+        pixel_values = pixels[0]
+    else:
+        pick = ragged_arange(patch_start[images], patches[images])
+        pixel_values = torch.cat(pixels)[torch.from_numpy(pick)]
+    ids, valid = batch.input_ids.numpy(), batch.hidden_mask.numpy()
+    b, t = ids.shape
+    if batch.sequence.seq_ids is not None:  # packed: documents are numbered row-major
+        doc = batch.sequence.seq_ids.numpy()
+    else:  # one document a row, padding rows hold none
+        doc = np.broadcast_to((np.cumsum(valid.any(axis=1)) - 1)[:, None], (b, t))
+    doc_row = np.zeros(n_docs, dtype=np.int64)
+    doc_row[doc[valid]] = np.broadcast_to(np.arange(b)[:, None], (b, t))[valid]
+    has_images = np.append(doc_block >= 0, False)  # [documents + 1]: the last for padding tokens
+    image = (ids == image_token_id) & has_images[np.where(valid, doc, n_docs)]
+    doc = np.where(valid, doc, -1 - np.arange(b)[:, None])  # a padding run is a document of its own
+    positions = mrope_ids(image.reshape(-1), doc.reshape(-1), grid, merge_size).reshape(3, b, t)
+    positions = np.where(valid[None], positions, 0)
+    counts = torch.from_numpy(np.bincount(doc_row, weights=count, minlength=b).astype(np.int64))
+    kwargs = {
+        **batch.model_kwargs,
+        "position_ids": torch.from_numpy(positions),
+        "mm_token_type_ids": torch.from_numpy(image.astype(np.int64)),
+        "pixel_values": pixel_values,
+        "image_grid_thw": torch.from_numpy(grid),
+    }
+    sequence = dataclasses.replace(
+        batch.sequence, media_counts=counts, media_offsets=media_offsets_from_counts(counts)
+    )
+    return dataclasses.replace(batch, model_kwargs=kwargs, sequence=sequence, modality=Modality.MULTIMODAL)
 
 
 @dataclass(frozen=True)
