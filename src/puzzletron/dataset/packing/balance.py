@@ -31,7 +31,7 @@ from puzzletron.dataset._checks import require_int, require_seed
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.packing._sort import index_dtype
 
-__all__ = ["ROUNDS", "balance_report", "balanced_deal", "tail_step"]
+__all__ = ["ROUNDS", "balance_report", "balanced_deal", "snake_positions", "tail_step"]
 
 ROUNDS = 10  # tenths of an epoch, each a stratified sample of the steps
 _FULL = 0.99  # a pack with fewer real tokens than this share of the fullest is dealt apart
@@ -50,7 +50,7 @@ def tail_step(items: np.ndarray, dp_size: int, batch_size: int) -> np.ndarray:
     return out
 
 
-def _snake(loads: np.ndarray, dp_size: int, batch_size: int) -> np.ndarray:
+def snake_positions(loads: np.ndarray, dp_size: int, batch_size: int) -> np.ndarray:
     """``[steps, dp_size * batch_size]`` positions within each step, so that slot ``r * batch_size + c``
     gets the ``c``-th pack of rank ``r`` in a snake over the step's packs by descending ``loads``."""
     per_step = dp_size * batch_size
@@ -119,7 +119,7 @@ def balanced_deal(
     del key, underfull
     steps = body[by_key].reshape(full, per_step)
     del by_key, body, perm
-    steps = np.take_along_axis(steps, _snake(image_tokens[steps], dp_size, batch_size), axis=1)
+    steps = np.take_along_axis(steps, snake_positions(image_tokens[steps], dp_size, batch_size), axis=1)
     order, with_tail = _rounds(full, rng, rounds), bool(tail.size) and not drop_last
     out = np.empty((full + with_tail, dp_size, batch_size), dtype=np.int64)
     for a in range(0, full, _STEPS_AT_ONCE):  # widened a slice at a time: no second copy of the deal
