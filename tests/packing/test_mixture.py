@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -125,7 +126,7 @@ def test_a_schedule_holds_each_regime_share_within_two_rows() -> None:
     ],
 )
 def test_bad_weights_are_one_clear_error(weights, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         MixtureWeights.parse(["a", "b"], weights)
 
 

@@ -59,7 +59,7 @@ def test_every_row_once_and_image_rows_on_every_rank_or_none(n, dp, bs, share, d
         held = (image[np.where(step >= 0, step, 0)] > 0) & (step >= 0)
         assert int(held.sum()) == taken
         ranks = held.any(axis=1)
-        if (step >= 0).all() and 0 < taken:  # a full step: multiples of dp unless a queue ran out
+        if (step >= 0).all() and taken > 0:  # a full step: multiples of dp unless a queue ran out
             assert ranks.all() or taken < dp
     assert image_exceptions(cursors, dp) <= 2  # only where a queue runs out (the end of the epoch)
 
