@@ -20,8 +20,9 @@ from puzzletron.dataset.packing.media import plan_vlm, row_sums
 from puzzletron.dataset.packing.mrope import mrope_ids
 
 if TYPE_CHECKING:
-    from puzzletron.dataset.packing._build import build_batch
+    from puzzletron.dataset.packing._build import Spans, build_batch, build_spans
     from puzzletron.dataset.packing.sources import (
+        ConcatSamples,
         SampleSource,
         StoreNames,
         StoreSamples,
@@ -31,10 +32,12 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "ConcatSamples",
     "IndexSequence",
     "PackingError",
     "PackingPlan",
     "SampleSource",
+    "Spans",
     "StoreNames",
     "StoreSamples",
     "TokenizedSamples",
@@ -42,6 +45,7 @@ __all__ = [
     "balance_report",
     "balanced_deal",
     "build_batch",
+    "build_spans",
     "labels_from_mask",
     "mrope_ids",
     "plan_packing",
@@ -52,8 +56,10 @@ __all__ = [
 
 # name -> the module that defines it (imported on first use: both import torch)
 _LAZY = {
-    "build_batch": "_build",
-    **dict.fromkeys(("SampleSource", "StoreNames", "StoreSamples", "TokenizedSamples"), "sources"),
+    **dict.fromkeys(("Spans", "build_batch", "build_spans"), "_build"),
+    **dict.fromkeys(
+        ("ConcatSamples", "SampleSource", "StoreNames", "StoreSamples", "TokenizedSamples"), "sources"
+    ),
     **dict.fromkeys(("labels_from_mask", "shift_labels"), "sources"),
 }
 

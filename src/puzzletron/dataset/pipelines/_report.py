@@ -19,7 +19,7 @@ from typing import Any
 
 from puzzletron.dataset.distributed.collectives import process_group
 
-__all__ = ["BuildProgress", "is_rank_zero", "log_plan"]
+__all__ = ["BuildProgress", "is_rank_zero", "log_mixture", "log_plan"]
 
 LOG = logging.getLogger("puzzletron.dataset.pipelines.text")
 _EVERY_S = 30.0
@@ -106,4 +106,27 @@ def log_plan(plan: Any) -> None:
             f"{s['samples']:,}",
             s["pack_size"],
             s["pack_size"],
+        )
+
+
+def log_mixture(plan: Any, sampler: Any) -> None:
+    """A mixture's first epoch, one INFO line a component (rows, tokens, share asked and achieved,
+    passes), and a WARNING when some step holds images on some ranks only."""
+    for c in plan.report(sampler.epoch):
+        LOG.info(
+            "mixture component %r: %s rows, %s real tokens, share %.2f%% (asked %.2f%%), %.2f passes, "
+            "%s of %s samples",
+            c.name,
+            f"{c.rows_used:,}",
+            f"{c.real_tokens:,}",
+            100.0 * c.share_achieved,
+            100.0 * c.share_asked,
+            c.passes,
+            f"{c.samples_used:,}",
+            f"{c.samples:,}",
+        )
+    exceptions = sampler.image_exceptions()
+    if exceptions:
+        LOG.warning(
+            "%s step(s) of the epoch hold images on some ranks only (the images run out there)", exceptions
         )
