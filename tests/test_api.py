@@ -63,7 +63,7 @@ def test_seed_list_parses_into_every_public_name() -> None:
 
 
 # Names an issue asked to add to the seed API (issue 16: the native VLM path).
-ADDED = {"build_vlm_batches"}
+ADDED = {"build_mixture_batches", "build_vlm_batches"}
 
 
 def test_package_exports_exactly_the_seed_names_and_the_asked_additions() -> None:

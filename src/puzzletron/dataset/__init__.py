@@ -1,8 +1,9 @@
 """Dataset preparation utilities for Puzzletron.
 
 The public API is the seed list of names (pinned by ``tests/golden/seed-api.txt``) plus
-``build_vlm_batches`` (the native VLM path, `puzzletron.dataset.pipelines.vlm`); every name is re-exported
-from the module that owns the concept. Imports are lazy (PEP 562): reading a subset offline
+``build_vlm_batches`` (the native VLM path, `puzzletron.dataset.pipelines.vlm`) and
+``build_mixture_batches`` (several stores as one token-weighted stream, `pipelines.mixture`); every name is
+re-exported from the module that owns the concept. Imports are lazy (PEP 562): reading a subset offline
 does not pay for torch, `datasets` or `huggingface_hub` until a name that needs them is touched.
 
 The packages and which may import which: ``docs/architecture.md``. Import paths of earlier releases
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
         materialize_normalized_conversation_samples,
         materialize_normalized_intersyn_samples,
     )
+    from puzzletron.dataset.pipelines.mixture import build_mixture_batches
     from puzzletron.dataset.pipelines.vlm import build_vlm_batches
     from puzzletron.dataset.sources import (
         TextAcquisitionSpec,
@@ -55,6 +57,7 @@ _OWNERS: dict[str, str] = {
     "materialize_nemotron_vlm_dataset": "sources",
     "materialize_puzzle_kd_dataset": "sources",
     "batch_from_automodel": "clients.automodel.adapter",
+    "build_mixture_batches": "pipelines.mixture",
     "build_vlm_batches": "pipelines.vlm",
     "normalize_intersyn_multi": "conversation",
     "normalize_intersyn_single": "conversation",
@@ -76,6 +79,7 @@ __all__ = [
     "TextAcquisitionSpec",
     "VlmAcquisitionSpec",
     "batch_from_automodel",
+    "build_mixture_batches",
     "build_vlm_batches",
     "load_materialized_conversation_dataset",
     "load_materialized_conversation_subset",
