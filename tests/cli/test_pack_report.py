@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -145,3 +146,31 @@ def test_a_token_store_needs_no_tokenizer_and_reports_the_same_plan(snapshot, to
     assert capsys.readouterr().err == (
         f"puzzletron-data pack-report: --tokenizer is required: {snapshot} is not a token store\n"
     )
+
+
+def test_pack_report_of_a_mixture_prints_each_component_and_draws_its_shares(
+    snapshot, tokenizer, tmp_path, capsys
+):
+    """Two components (the snapshot's splits, tokenised into stores under --cache-dir) at shares 3:1."""
+    config = tmp_path / "mix.yaml"
+    config.write_text(
+        "data:\n  modality: text\n  layout: packed_varlen\n  max_sample_length: 1024\n"
+        "  packing: {pack_size: 1024, long_samples: truncate}\n  mixture:\n"
+        f"    chat: {{path: {snapshot}, weight: 3}}\n    more: {{path: {snapshot}, weight: 1}}\n"
+        "    num_tokens: 40960\n"
+    )
+    out = tmp_path / "shares.png"
+    args = ["pack-report", "--mixture", str(config), "--tokenizer", str(tokenizer), "--out", str(out)]
+    assert main([*args, "--cache-dir", str(tmp_path / "stores"), "--dp-size", "2"]) == 0
+    stdout = capsys.readouterr().out
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    rows = {
+        line.split()[0]: line.split() for line in stdout.splitlines() if line.startswith(("chat ", "more "))
+    }
+    asked, got = (float(v.rstrip("%")) for v in rows["chat"][-2:])
+    assert asked == 75.0 and abs(got - 75.0) < 5.0  # 40 rows of 1,024: within two rows of 75 %
+    gap = float(re.search(r"share gap\s+([\d.]+) rows", stdout).group(1))
+    assert gap <= 2
+    assert main([*args, "--cache-dir", str(tmp_path / "stores"), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in facts["components"]] == ["chat", "more"] and facts["max_share_gap_rows"] <= 2

@@ -19,6 +19,7 @@ import numpy as np
 
 from puzzletron.cli._args import seed_type
 from puzzletron.cli._output import add_json, emit
+from puzzletron.cli._pack_report_mixture import mixture_report
 
 __all__ = ["draw_packing", "register"]
 
@@ -106,6 +107,10 @@ def _pack_report(args: argparse.Namespace) -> int:
     from puzzletron.dataset.tokenize import tokenize_conversations
 
     datasets.disable_progress_bars()
+    if args.mixture is not None:
+        return mixture_report(args)
+    if args.snapshot is None or args.pack_size is None:
+        raise ConfigError("pack-report needs SNAPSHOT and --pack-size (or --mixture CONFIG)")
     spec = PackingSpec(pack_size=args.pack_size)  # a bad option fails before any work
     start = time.perf_counter()
     if is_token_store(args.snapshot):
@@ -164,19 +169,29 @@ def _pack_report(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``pack-report`` to the `puzzletron-data` parser."""
-    report = sub.add_parser("pack-report", help="plan the packing of a text snapshot and draw it to a PNG")
+    report = sub.add_parser(
+        "pack-report", help="plan the packing of a text snapshot (or a mixture) and draw it to a PNG"
+    )
     report.add_argument(
-        "snapshot", type=Path, help="a Puzzle-KD text snapshot (split --split), or a token store"
+        "snapshot", type=Path, nargs="?", help="a Puzzle-KD text snapshot (split --split), or a token store"
     )
     report.add_argument(
         "--tokenizer",
         default=None,
         help="a transformers tokenizer folder with a chat template (required for a snapshot)",
     )
-    report.add_argument("--pack-size", type=int, required=True, help="row length in tokens")
+    report.add_argument("--pack-size", type=int, default=None, help="row length in tokens")
     report.add_argument("--out", required=True, help="where to write the PNG")
     report.add_argument("--split", default="train", help="split of the snapshot (default: train)")
     report.add_argument("--seed", type=seed_type, default=0, help="seed of the row order (default 0)")
     report.add_argument("--num-proc", type=int, default=1, help="tokenisation processes (default 1)")
+    mixture = report.add_argument_group("a mixture (docs/mixtures.md)")
+    mixture.add_argument(
+        "--mixture", default=None, help="a YAML file with a data: block holding a mixture: block"
+    )
+    mixture.add_argument("--processor", default=None, help="the processor of a multimodal mixture")
+    mixture.add_argument("--cache-dir", default=None, help="where its stores are found or built")
+    mixture.add_argument("--dp-size", type=int, default=1, help="DP ranks the steps are dealt to (default 1)")
+    mixture.add_argument("--batch-size", type=int, default=1, help="rows per rank per step (default 1)")
     add_json(report)
     report.set_defaults(handler=_pack_report)
