@@ -237,3 +237,17 @@ def test_every_rank_of_a_step_holds_an_image_or_none_does(vlm_mixture) -> None:
         with_images = [int(b.sequence.media_counts.sum()) > 0 for b in step]
         mixed += any(with_images) and not all(with_images)
     assert mixed == batches.sampler.image_exceptions() <= 1  # at most where the images run out
+
+
+def test_the_report_counts_the_supervised_tokens_its_batches_hold(text_stores) -> None:
+    batches = build_mixture_batches(
+        text_stores, weights={"train": 1, "validation": 1}, spec=_spec(), batch_size=2, num_tokens=30 * PACK
+    )
+    counted = {"train": 0, "validation": 0}
+    for batch in batches:
+        cu = batch.sequence.global_cu_seqlens.tolist()
+        supervised = (batch.labels[batch.hidden_mask] != -100).long()
+        for k, name in enumerate(batch.source_metadata["document_components"]):
+            counted[name] += int(supervised[cu[k] : cu[k + 1]].sum())
+    report = {c.name: c.supervised_tokens for c in batches.report()}
+    assert report == counted and min(counted.values()) > 0

@@ -80,7 +80,7 @@ def mixture_report(args: argparse.Namespace) -> int:
     row_size = batches.plan.row_size
     totals = cumulative.sum(axis=1, keepdims=True)
     gap = float(np.abs(cumulative - totals * asked).max(initial=0)) / row_size
-    report = batches.plan.report()
+    report = batches.report()  # with each component's supervised tokens
     exceptions = batches.sampler.image_exceptions()
     tokens = int(batches.plan.real_tokens[batches.plan.order(0)].sum())
     fill = tokens / max(len(batches.plan.order(0)) * row_size, 1)

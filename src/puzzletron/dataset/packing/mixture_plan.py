@@ -58,7 +58,8 @@ class MixtureComponent:
 @dataclass(frozen=True)
 class ComponentReport:
     """What one epoch took of a component: samples available and used (distinct), rows used, passes (real
-    tokens used over one pass's), real tokens, the share asked (over the epoch) and achieved."""
+    tokens used over one pass's), real tokens, the share asked (over the epoch) and achieved, and the
+    supervised tokens (None until counted: `MixtureRankBatches.report` reads them)."""
 
     name: str
     samples: int
@@ -68,6 +69,7 @@ class ComponentReport:
     real_tokens: int
     share_asked: float
     share_achieved: float
+    supervised_tokens: int | None = None
 
 
 def _digest(a: np.ndarray) -> str:
@@ -153,6 +155,11 @@ class MixturePlan:
         """Epoch ``epoch``'s two queues (`row_queues`), from the cache."""
         a = self._epoch_arrays(epoch)
         return RowQueues(image_positions=a["image_positions"], images=a["images"], texts=a["texts"])
+
+    def rows_used(self, epoch: int, component: int) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct rows of ``component`` epoch ``epoch`` takes, and how many times each."""
+        c, row = self.locate(np.asarray(self.order(epoch)))
+        return np.unique(row[c == component], return_counts=True)
 
     def report(self, epoch: int = 0) -> tuple[ComponentReport, ...]:
         """Per component, what epoch ``epoch`` takes of it (`ComponentReport`)."""

@@ -24,7 +24,7 @@ from puzzletron.dataset.distributed import BatchKey
 from puzzletron.dataset.packing import ConcatSamples, PackingPlan, SampleSource, Spans, Units, build_spans
 from puzzletron.dataset.pipelines._vlm_media import VlmMedia, attach_media
 
-__all__ = ["MixtureBatches"]
+__all__ = ["MixtureBatches", "supervised_tokens"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,3 +146,26 @@ class MixtureBatches(torch.utils.data.Dataset):
         return attach_media(
             batch, blocks, doc_block, image_token_id=self.image_token_id, merge_size=self.merge_size
         )
+
+
+_ROWS_AT_ONCE = 1 << 10
+
+
+def supervised_tokens(dataset: MixtureBatches, c: int, rows: np.ndarray, times: np.ndarray) -> int:
+    """Supervised tokens (labels that are not -100) of ``rows`` of component ``c``, row ``rows[k]`` taken
+    ``times[k]`` times, counted as its batches count them (a cut unit's last label too)."""
+    samples, units, total = dataset.samples[c], dataset._units(c), 0
+    for a in range(0, rows.shape[0], _ROWS_AT_ONCE):
+        part = rows[a : a + _ROWS_AT_ONCE]
+        spans = Spans.of_rows(samples, dataset._rows(c, part), units)
+        _, labels = samples.gather(spans.sample, spans.start, spans.length)
+        supervised = labels != -100
+        if spans.cut:  # a unit is a document: its last label is -100
+            supervised[(np.cumsum(spans.length) - 1)[spans.length > 0]] = False
+        ends = np.cumsum(spans.counts)  # spans of each row
+        per_span = (
+            np.add.reduceat(supervised, np.cumsum(spans.length) - spans.length) if supervised.size else []
+        )
+        per_row = np.add.reduceat(np.asarray(per_span, dtype=np.int64), ends - spans.counts)
+        total += int((per_row * times[a : a + _ROWS_AT_ONCE]).sum())
+    return total

@@ -22,6 +22,7 @@ component::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.subset import SUBSET_FORMAT
 from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT
 from puzzletron.dataset.packing.mixture import MixtureWeights
-from puzzletron.dataset.packing.mixture_plan import MixtureComponent, MixturePlan
+from puzzletron.dataset.packing.mixture_plan import ComponentReport, MixtureComponent, MixturePlan
 from puzzletron.dataset.pipelines._batches import RankBatches
 from puzzletron.dataset.pipelines._core import (
     Component,
@@ -49,7 +50,7 @@ from puzzletron.dataset.pipelines._core import (
     text_component,
     vlm_component,
 )
-from puzzletron.dataset.pipelines._mixture_batches import MixtureBatches
+from puzzletron.dataset.pipelines._mixture_batches import MixtureBatches, supervised_tokens
 from puzzletron.dataset.pipelines._mixture_checks import check_tokenizers, plan_folder
 from puzzletron.dataset.pipelines._report import is_rank_zero, log_mixture
 from puzzletron.dataset.tokenize.vlm_store import DEFAULT_ROWS_PER_SHARD
@@ -66,6 +67,16 @@ class MixtureRankBatches(RankBatches):
     `MixtureSampler`, ``components`` the resolved sources by name."""
 
     components: Mapping[str, Component]
+
+    def report(self, epoch: int = 0) -> tuple[ComponentReport, ...]:
+        """`MixturePlan.report` with each component's supervised tokens counted (reads the labels of every
+        row the epoch takes: O(its tokens))."""
+        out = []
+        for c, entry in enumerate(self.plan.report(epoch)):
+            rows, times = self.plan.rows_used(epoch, c)
+            supervised = supervised_tokens(self.dataset, c, rows, times)
+            out.append(dataclasses.replace(entry, supervised_tokens=supervised))
+        return tuple(out)
 
 
 def _resolve(
