@@ -81,21 +81,13 @@ class MixtureSampler(torch.utils.data.Sampler[BatchKey]):
                 start=self._start[1:],
                 drop_last=self.drop_last,
             )
-            own = np.ascontiguousarray(self._rows(queues, cursors, slice(None))[:, self.dp_rank])
+            own = np.ascontiguousarray(self._rows(queues, cursors, slice(None), rank=self.dp_rank)[:, 0])
             own.setflags(write=False)
             self._cached = (token, cursors, own)
         return self._cached[1], self._cached[2]
 
-    def _rows(self, queues: Any, cursors: np.ndarray, steps: slice) -> np.ndarray:
-        return step_rows(
-            queues,
-            cursors,
-            steps,
-            dp_size=self.dp_size,
-            batch_size=self.batch_size,
-            image_tokens=self.plan.image_tokens,
-            real_tokens=self.plan.real_tokens,
-        )
+    def _rows(self, queues: Any, cursors: np.ndarray, steps: slice, rank: int | None = None) -> np.ndarray:
+        return step_rows(queues, cursors, steps, dp_size=self.dp_size, batch_size=self.batch_size, rank=rank)
 
     def deal(self) -> np.ndarray:
         """The current epoch's whole deal from the start point ``[steps, dp_size, batch_size]`` (every

@@ -14,8 +14,9 @@ by less than ``dp_size / 2`` rows::
     step 0: images in the first 4 rows: 1 -> a = 2     rows I I t t   rank 0: I t   rank 1: I t
     step 1: images in the first 8 rows: 3 -> a = 4     rows I I t t   ...
 
-Inside a step the rows go to ranks in a snake over their loads (image rows first, by image tokens, then text
-rows by real tokens: `snake_positions`). The state of a deal is ``(images taken, texts taken)``: the same
+Inside a step the rows go to ranks in a snake, image rows first: the image rows of a step are neighbours in
+the load-sorted image queue, so the snake evens their image tokens with no sort, and a rank computes only
+its own column (`step_rows` with ``rank``). The state of a deal is ``(images taken, texts taken)``: the same
 two numbers mean the same rows at any DP size or batch size, so a run resumes at another DP size with no row
 repeated or skipped.
 """
@@ -28,7 +29,7 @@ import numpy as np
 
 from puzzletron.dataset._checks import require_int
 from puzzletron.dataset.errors import ConfigError
-from puzzletron.dataset.packing.balance import ROUNDS, snake_positions, tail_step
+from puzzletron.dataset.packing.balance import ROUNDS, tail_step
 
 __all__ = ["RowQueues", "image_exceptions", "row_queues", "step_cursors", "step_rows"]
 
@@ -125,6 +126,16 @@ def image_exceptions(cursors: np.ndarray, dp_size: int) -> int:
     return int(np.count_nonzero((images > 0) & (images < ranks_with_rows)))
 
 
+def _snake_slots(dp_size: int, batch_size: int, rank: int | None) -> np.ndarray:
+    """``[ranks, batch_size]`` the positions in a step's row list (image rows first) that each rank takes:
+    a snake over the ranks, lap after lap (``0 1 2 3 3 2 1 0 0 1 ...``), so a step's ``a`` image rows (a
+    multiple of ``dp_size``) go ``a / dp_size`` to every rank, and rows of alike loads (the image queue is
+    sorted by load inside blocks) are spread evenly."""
+    laps = np.arange(batch_size)[None, :]
+    ranks = np.arange(dp_size)[:, None] if rank is None else np.array([[rank]])
+    return laps * dp_size + np.where(laps % 2 == 0, ranks, dp_size - 1 - ranks)
+
+
 def step_rows(
     queues: RowQueues,
     cursors: np.ndarray,
@@ -132,38 +143,37 @@ def step_rows(
     *,
     dp_size: int,
     batch_size: int,
-    image_tokens: np.ndarray,
-    real_tokens: np.ndarray,
+    rank: int | None = None,
 ) -> np.ndarray:
     """``[s, dp_size, batch_size]`` int64 global row ids (``-1`` = padding slot) of ``steps`` (a slice of the
-    steps of ``cursors``): each step's rows snaked to ranks by load, image rows first; a tail step dealt
-    contiguously (`tail_step`)."""
+    steps of ``cursors``): each step's rows, image rows first, snaked to ranks (`_snake_slots`); a tail step
+    dealt contiguously (`tail_step`). With ``rank``: that rank's ``[s, batch_size]`` only (O(steps x
+    batch_size) work, whatever the DP size)."""
     g = dp_size * batch_size
     first, stop = steps.indices(cursors.shape[0] - 1)[:2]
-    out = np.empty((max(stop - first, 0), dp_size, batch_size), dtype=np.int64)
+    slots = _snake_slots(dp_size, batch_size, rank)  # [ranks, batch_size] positions in a step's list
+    out = np.empty((max(stop - first, 0), *slots.shape), dtype=np.int64)
     for a in range(first, stop, _STEPS_AT_ONCE):
         b = min(a + _STEPS_AT_ONCE, stop)
-        before, after = cursors[a:b], cursors[a + 1 : b + 1]
-        took = after - before  # [s, 2]
+        before, took = cursors[a:b], cursors[a + 1 : b + 1] - cursors[a:b]  # [s, 2]
         full = took.sum(axis=1) == g
         if full.any():
-            k = np.arange(g)[None, :]
-            n_img = took[full, :1]  # [s, 1] image rows of each step: slots k < n_img hold them
-            rows = np.empty((int(full.sum()), g), dtype=np.int64)
+            k = slots[None, :, :]  # [1, ranks, batch_size]
+            n_img = took[full, 0][:, None, None]
+            rows = np.full((int(full.sum()), *slots.shape), -1, dtype=np.int64)
             if queues.images.size:
-                rows[:] = _take(queues.images, before[full, :1] + k)
+                rows = _take(queues.images, before[full, 0][:, None, None] + k)
             if queues.texts.size:
-                texts = _take(queues.texts, before[full, 1:] + k - n_img)
+                texts = _take(queues.texts, before[full, 1][:, None, None] + k - n_img)
                 rows = np.where(k < n_img, rows, texts)
-            top = int(real_tokens.max(initial=0)) + 1
-            load = np.where(k < n_img, top + image_tokens[rows], real_tokens[rows])  # image rows first
-            rows = np.take_along_axis(rows, snake_positions(load, dp_size, batch_size), axis=1)
-            out[np.flatnonzero(full) + a - first] = rows.reshape(-1, dp_size, batch_size)
+            out[np.flatnonzero(full) + a - first] = rows
         for s in np.flatnonzero(~full):  # at most the last step: the tail
             i, x = before[s]
             ni, nx = took[s]
-            tail = np.concatenate([queues.images[i : i + ni], queues.texts[x : x + nx]])
-            out[a + s - first] = tail_step(tail, dp_size, batch_size)[0]
+            tail = tail_step(
+                np.concatenate([queues.images[i : i + ni], queues.texts[x : x + nx]]), dp_size, batch_size
+            )
+            out[a + s - first] = tail[0] if rank is None else tail[0, rank : rank + 1]
     return out
 
 
