@@ -251,3 +251,16 @@ def test_the_report_counts_the_supervised_tokens_its_batches_hold(text_stores) -
             counted[name] += int(supervised[cu[k] : cu[k + 1]].sum())
     report = {c.name: c.supervised_tokens for c in batches.report()}
     assert report == counted and min(counted.values()) > 0
+
+
+def test_a_small_component_repeated_within_one_batch_builds(text_stores) -> None:
+    batches = build_mixture_batches(
+        text_stores, weights={"train": 1, "validation": 9}, spec=_spec(), batch_size=16, num_tokens=64 * PACK
+    )
+    repeated = 0
+    for key in batches.sampler:
+        items = [i for i in key.indices if i >= 0]
+        repeated += len(items) - len(set(items))
+        batch = batches.dataset[key]
+        assert len(batch.source_metadata["document_ids"]) == len(batch.source_metadata["document_components"])
+    assert repeated > 0  # the validation split's few packs, several times in one batch

@@ -33,13 +33,15 @@ from puzzletron.dataset.packing.sources import SampleSource, ragged
 __all__ = ["Spans", "build_batch", "build_spans"]
 
 
-def _check_rows(rows: Sequence[Sequence[int]], n: int) -> tuple[np.ndarray, np.ndarray]:
+def _check_rows(
+    rows: Sequence[Sequence[int]], n: int, *, unique: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     counts = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     order = np.fromiter((int(i) for r in rows for i in r), dtype=np.int64, count=int(counts.sum()))
     if order.size and (order.min() < 0 or order.max() >= n):
         bad = int(order[(order < 0) | (order >= n)][0])
         raise PackingError(f"row refers to sample {bad}, outside 0..{n - 1}")
-    if np.unique(order).shape[0] != order.shape[0]:
+    if unique and np.unique(order).shape[0] != order.shape[0]:
         raise PackingError("a sample appears twice in the rows of one batch")
     return order, counts
 
@@ -58,9 +60,12 @@ class Spans:
     cut: bool = False
 
     @classmethod
-    def of_rows(cls, samples: SampleSource, rows: Sequence[Sequence[int]], units: Units | None) -> Spans:
-        """The spans of ``rows`` of sample indices (of ``units`` when a plan cut long samples)."""
-        order, counts = _check_rows(rows, len(samples) if units is None else len(units))
+    def of_rows(
+        cls, samples: SampleSource, rows: Sequence[Sequence[int]], units: Units | None, *, unique: bool = True
+    ) -> Spans:
+        """The spans of ``rows`` of sample indices (of ``units`` when a plan cut long samples); ``unique``:
+        a sample twice is an error (a mixture repeating a small component may hold one twice)."""
+        order, counts = _check_rows(rows, len(samples) if units is None else len(units), unique=unique)
         if units is None:
             lengths = samples.lengths[order].astype(np.int64)  # a store's index is uint32
             return cls(order, np.zeros_like(order), lengths, counts, lambda k: samples.names(order[k]))

@@ -73,7 +73,9 @@ class ComponentReport:
 
 
 def _digest(a: np.ndarray) -> str:
-    return f"{xxhash.xxh3_64_intdigest(np.ascontiguousarray(a, dtype=np.int64).tobytes()):016x}"
+    """xxh3_64 of the counts as int32 (a row's tokens fit), whatever dtype they come in."""
+    data = np.ascontiguousarray(a, dtype=np.int32)
+    return f"{xxhash.xxh3_64_intdigest(memoryview(data).cast('B')):016x}"
 
 
 @dataclass(frozen=True, eq=False)

@@ -77,7 +77,8 @@ class MixtureBatches(torch.utils.data.Dataset):
         parts: dict[int, tuple[Spans, np.ndarray]] = {}
         for c in np.unique(component[real]).tolist():
             rows = ids[component == c] - self.row_offsets[c]
-            part = Spans.of_rows(self.samples[c], self._rows(c, rows), self._units(c))
+            # a component repeated in passes may give one batch the same row twice
+            part = Spans.of_rows(self.samples[c], self._rows(c, rows), self._units(c), unique=False)
             first = np.concatenate([[0], np.cumsum(part.counts)])
             parts[c] = (part, first)
         counts = np.zeros(ids.shape[0], dtype=np.int64)
@@ -157,7 +158,7 @@ def supervised_tokens(dataset: MixtureBatches, c: int, rows: np.ndarray, times: 
     samples, units, total = dataset.samples[c], dataset._units(c), 0
     for a in range(0, rows.shape[0], _ROWS_AT_ONCE):
         part = rows[a : a + _ROWS_AT_ONCE]
-        spans = Spans.of_rows(samples, dataset._rows(c, part), units)
+        spans = Spans.of_rows(samples, dataset._rows(c, part), units, unique=False)
         _, labels = samples.gather(spans.sample, spans.start, spans.length)
         supervised = labels != -100
         if spans.cut:  # a unit is a document: its last label is -100

@@ -29,7 +29,7 @@ def tokenizer_facts(component: Component, tokenizer: Any = None) -> dict[str, An
         return {"pad_token_id": component.pad_token_id, "tokenizer": _files(tokenizer_identity(tokenizer))}
     manifest = store.tokens.manifest if isinstance(store, VlmStore) else store.manifest
     identity = store.manifest["identity"]
-    recorded = identity["processor"] if isinstance(store, VlmStore) else identity["tokenizer"]
+    recorded = identity.get("processor" if isinstance(store, VlmStore) else "tokenizer") or {}
     if "files" not in recorded and "tokenizer" in recorded:  # a processor object's tokenizer hash
         recorded = {"object_sha256": recorded["tokenizer"]}
     return {

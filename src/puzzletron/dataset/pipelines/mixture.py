@@ -131,10 +131,10 @@ def _resolve(
 
 def _rows(name: str, component: Component, plan: Any, spec: PuzzletronDataSpec) -> MixtureComponent:
     """Component ``name`` as the mixture plans it: its rows' real and image tokens."""
-    loads = pack_loads(component, plan)
-    real = loads[:, 1].astype(np.int64)
+    loads = pack_loads(component, plan)  # [rows, 2] int32
+    real = loads[:, 1]
     if plan is None:  # one sample a row: the unpacked layouts truncate at max_sample_length
-        real = np.minimum(real, int(spec.max_sample_length))
+        real = np.minimum(real, int(spec.max_sample_length)).astype(np.int32)
     if real.shape[0] == 0:
         raise ConfigError(
             f"component {name!r} has no usable sample (every sample was dropped or skipped); check its "
@@ -144,7 +144,7 @@ def _rows(name: str, component: Component, plan: Any, spec: PuzzletronDataSpec) 
         name=name,
         plan=plan,
         row_tokens=real,
-        image_tokens=loads[:, 0].astype(np.int64),
+        image_tokens=loads[:, 0],
         samples=len(component.samples),
     )
 
