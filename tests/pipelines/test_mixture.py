@@ -264,3 +264,48 @@ def test_a_small_component_repeated_within_one_batch_builds(text_stores) -> None
         batch = batches.dataset[key]
         assert len(batch.source_metadata["document_ids"]) == len(batch.source_metadata["document_components"])
     assert repeated > 0  # the validation split's few packs, several times in one batch
+
+
+_FINGERPRINTS = """
+import json, sys
+from puzzletron.dataset import PuzzletronDataSpec
+from puzzletron.dataset.pipelines.mixture import build_mixture_batches
+spec = PuzzletronDataSpec.from_mapping(json.loads(sys.argv[1]))
+batches = build_mixture_batches(json.loads(sys.argv[2]), weights={"train": 3, "validation": 1}, spec=spec,
+                                batch_size=2, dp_rank=1, dp_size=2, seed=4)
+print(json.dumps([b.fingerprint for b in batches]))
+"""
+
+
+def test_fingerprints_are_the_same_in_another_process_and_after_a_mid_epoch_resume(text_stores) -> None:
+    import json
+    import subprocess
+    import sys
+
+    raw = {
+        "modality": "text",
+        "layout": "packed_varlen",
+        "max_sample_length": PACK,
+        "packing": {"pack_size": PACK},
+    }
+    options = {
+        "weights": {"train": 3, "validation": 1},
+        "spec": _spec(),
+        "batch_size": 2,
+        "dp_size": 2,
+        "seed": 4,
+    }
+    batches = build_mixture_batches(text_stores, dp_rank=1, **options)
+    here = [b.fingerprint for b in batches]
+    sources = json.dumps({k: str(v) for k, v in text_stores.items()})
+    out = subprocess.run(
+        [sys.executable, "-c", _FINGERPRINTS, json.dumps(raw), sources],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == here
+    state = batches.sampler.state_dict(consumed=2)
+    resumed = build_mixture_batches(text_stores, dp_rank=1, **options)
+    resumed.sampler.load_state_dict(state)
+    assert [b.fingerprint for b in resumed] == here[2:]
