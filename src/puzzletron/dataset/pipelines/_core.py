@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions
 from puzzletron.dataset.distributed import DistributedPackSampler
@@ -46,10 +47,12 @@ from puzzletron.dataset.tokenize import (
     tokenize_conversations,
     vlm_processor,
 )
+from puzzletron.dataset.tokenize.vlm_store import DEFAULT_ROWS_PER_SHARD
 
 __all__ = [
     "Component",
     "DealOptions",
+    "SourceOptions",
     "component_plan",
     "deal",
     "is_token_store",
@@ -86,6 +89,25 @@ class Component:
     def image_tokens(self) -> np.ndarray | None:
         """``[N]`` image tokens of each sample (None for text)."""
         return self.store.image_tokens if isinstance(self.store, VlmStore) else None
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """How a source becomes a `Component`: what tokenises a text snapshot (``tokenizer``, its ``split``,
+    ``options``) or a subset (``processor``, ``rows_per_shard``), where stores are found or built
+    (``cache_dir``, with ``num_proc`` processes), where a VLM store's images are read (``subset``), the
+    pixels' dtype, and whether this rank logs the build (``report``)."""
+
+    tokenizer: Any = None
+    processor: Any = None
+    subset: str | Path | None = None
+    split: str = "train"
+    cache_dir: str | Path | None = None
+    options: TokenizeOptions = TokenizeOptions()
+    num_proc: int = 1
+    rows_per_shard: int = DEFAULT_ROWS_PER_SHARD
+    pixel_dtype: Any = None  # None: float32
+    report: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,18 +166,10 @@ def _from_store(store: TokenStore) -> Component:
     return Component(tokenized.samples, store.pad_token_id, store=store, tokenized=tokenized)
 
 
-def text_component(
-    source: str | Path | Any,
-    *,
-    tokenizer: str | Path | Any,
-    split: str,
-    cache_dir: str | Path | None,
-    options: TokenizeOptions,
-    num_proc: int,
-    report: bool,
-) -> Component:
-    """The tokenised samples of ``source``: a token store (given, or built/reused in ``cache_dir``), else
-    tokenised in memory; with ``report``, logged (`puzzletron.dataset.pipelines._report`)."""
+def text_component(source: str | Path | Any, how: SourceOptions) -> Component:
+    """The tokenised samples of ``source``: a token store (given, or built/reused in ``how.cache_dir``),
+    else tokenised in memory; with ``how.report``, logged (`puzzletron.dataset.pipelines._report`)."""
+    tokenizer, split, cache_dir, options = how.tokenizer, how.split, how.cache_dir, how.options
     if is_url(source):
         if not is_token_store(source):
             raise SnapshotError(
@@ -173,14 +187,14 @@ def text_component(
             raise ConfigError(
                 "build_batches: cache_dir needs a snapshot folder as source, not rows in memory"
             )
-        progress = BuildProgress(path, split) if report else None
+        progress = BuildProgress(path, split) if how.report else None
         built = build_token_store(
             path,
             tokenizer=tokenizer,
             cache_dir=cache_dir,
             split=split,
             options=options,
-            num_proc=num_proc,
+            num_proc=how.num_proc,
             progress=progress,
         )
         if progress is not None:
@@ -188,8 +202,8 @@ def text_component(
         return _from_store(TokenStore(built))
     rows = load_text_split(path, split=split) if path is not None else source
     started = time.perf_counter()
-    tokenized = tokenize_conversations(rows, tokenizer=tokenizer, options=options, num_proc=num_proc)
-    if report:
+    tokenized = tokenize_conversations(rows, tokenizer=tokenizer, options=options, num_proc=how.num_proc)
+    if how.report:
         LOG.info(
             "tokenised %s rows in memory in %.1f s (with cache_dir a token store keeps them for every rank "
             "and restart)",
@@ -206,19 +220,11 @@ def _check_subset(store: VlmStore, subset: Path) -> None:
         raise SnapshotError(f"{subset} is not the subset the VLM store {store.path} was built from")
 
 
-def vlm_component(
-    source: str | Path,
-    *,
-    processor: Any,
-    subset: str | Path | None,
-    cache_dir: str | Path | None,
-    num_proc: int,
-    rows_per_shard: int,
-    pixel_dtype: Any,
-) -> Component:
-    """The VLM store of ``source`` (a VLM store, or a subset built or reused in ``cache_dir``), checked
-    against ``processor`` (when given) and ``subset`` (the subset its images are read from; a subset source
-    is its own). Without a processor or a subset the component plans but builds no batch."""
+def vlm_component(source: str | Path, how: SourceOptions) -> Component:
+    """The VLM store of ``source`` (a VLM store, or a subset built or reused in ``how.cache_dir``), checked
+    against ``how.processor`` (when given) and ``how.subset`` (the subset its images are read from; a
+    subset source is its own). Without a processor or a subset the component plans but builds no batch."""
+    processor, subset, cache_dir = how.processor, how.subset, how.cache_dir
     root = Path(os.path.abspath(source))
     images_from = Path(os.path.abspath(subset)) if subset is not None else None
     fmt = store_format(root)
@@ -233,7 +239,11 @@ def vlm_component(
         )
     else:
         built = build_vlm_store(
-            root, processor=processor, cache_dir=cache_dir, num_proc=num_proc, rows_per_shard=rows_per_shard
+            root,
+            processor=processor,
+            cache_dir=cache_dir,
+            num_proc=how.num_proc,
+            rows_per_shard=how.rows_per_shard,
         )
         store, images_from = VlmStore(built), root
     if processor is not None:
@@ -243,7 +253,7 @@ def vlm_component(
     media = None
     if processor is not None and images_from is not None:
         proc = str(processor) if isinstance(processor, str | Path) else processor
-        media = VlmMedia(store, images_from, proc, pixel_dtype)
+        media = VlmMedia(store, images_from, proc, how.pixel_dtype or torch.float32)
     return Component(StoreSamples(store), store.pad_token_id, store=store, media=media)
 
 

@@ -44,6 +44,7 @@ from puzzletron.dataset.packing.mixture_plan import ComponentReport, MixtureComp
 from puzzletron.dataset.pipelines._batches import RankBatches
 from puzzletron.dataset.pipelines._core import (
     Component,
+    SourceOptions,
     component_plan,
     pack_loads,
     store_format,
@@ -53,7 +54,6 @@ from puzzletron.dataset.pipelines._core import (
 from puzzletron.dataset.pipelines._mixture_batches import MixtureBatches, supervised_tokens
 from puzzletron.dataset.pipelines._mixture_checks import check_tokenizers, plan_folder
 from puzzletron.dataset.pipelines._report import is_rank_zero, log_mixture
-from puzzletron.dataset.tokenize.vlm_store import DEFAULT_ROWS_PER_SHARD
 
 __all__ = ["MixtureRankBatches", "build_mixture_batches"]
 
@@ -79,22 +79,9 @@ class MixtureRankBatches(RankBatches):
         return tuple(out)
 
 
-def _resolve(
-    name: str,
-    source: Any,
-    *,
-    multimodal: bool,
-    tokenizer: Any,
-    processor: Any,
-    subset: Any,
-    cache_dir: Any,
-    split: str,
-    options: TokenizeOptions,
-    num_proc: int,
-    pixel_dtype: torch.dtype,
-    report: bool,
-) -> Component:
-    """Component ``name``: a VLM store or subset (multimodal mixtures only), else a text source."""
+def _resolve(name: str, source: Any, how: SourceOptions, *, multimodal: bool) -> Component:
+    """Component ``name``: a VLM store or subset (multimodal mixtures only), else a text source (in a
+    multimodal mixture tokenised with the processor's tokenizer and chat template)."""
     if not isinstance(source, str | Path):
         raise ConfigError(
             f"component {name!r}: give a store, snapshot or subset path, got {type(source).__name__}"
@@ -107,26 +94,13 @@ def _resolve(
                 f"component {name!r} ({source}) is {kind}: its batches hold images, but data.modality is "
                 "text; use data.modality: multimodal (and a processor) for a mixture with images"
             )
-        return vlm_component(
-            source,
-            processor=processor,
-            subset=subset,
-            cache_dir=cache_dir,
-            num_proc=num_proc,
-            rows_per_shard=DEFAULT_ROWS_PER_SHARD,
-            pixel_dtype=pixel_dtype,
+        return vlm_component(source, how)
+    processor = how.processor
+    if how.tokenizer is None and multimodal and processor is not None:
+        how = dataclasses.replace(
+            how, tokenizer=processor if isinstance(processor, str | Path) else processor.tokenizer
         )
-    if tokenizer is None and multimodal and processor is not None:  # the processor's tokenizer and template
-        tokenizer = processor if isinstance(processor, str | Path) else processor.tokenizer
-    return text_component(
-        source,
-        tokenizer=tokenizer,
-        split=split,
-        cache_dir=cache_dir,
-        options=options,
-        num_proc=num_proc,
-        report=report,
-    )
+    return text_component(source, how)
 
 
 def _rows(name: str, component: Component, plan: Any, spec: PuzzletronDataSpec) -> MixtureComponent:
@@ -211,20 +185,13 @@ def build_mixture_batches(
     if unknown:
         raise ConfigError(f"subsets names unknown component(s) {unknown}; the components are {list(names)}")
     report = is_rank_zero(dp_rank)
+    how = SourceOptions(
+        tokenizer, processor, split=split, options=options, pixel_dtype=pixel_dtype, report=report
+    )
+    how = dataclasses.replace(how, cache_dir=cache_dir, num_proc=num_proc)
     components = {
         name: _resolve(
-            name,
-            source,
-            multimodal=multimodal,
-            tokenizer=tokenizer,
-            processor=processor,
-            subset=(subsets or {}).get(name),
-            cache_dir=cache_dir,
-            split=split,
-            options=options,
-            num_proc=num_proc,
-            pixel_dtype=pixel_dtype,
-            report=report,
+            name, source, dataclasses.replace(how, subset=(subsets or {}).get(name)), multimodal=multimodal
         )
         for name, source in sources.items()
     }

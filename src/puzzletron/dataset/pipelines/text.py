@@ -17,6 +17,7 @@ tokens; the batches are identical (same fingerprints) to those of the in-memory 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from puzzletron.dataset.formats.text_snapshot import load_text_split
 from puzzletron.dataset.pipelines._batches import RankBatches
 from puzzletron.dataset.pipelines._core import (
     DealOptions,
+    SourceOptions,
     component_plan,
     deal,
     is_token_store,
@@ -102,15 +104,8 @@ def build_batches(
             f"build_batches builds text batches; data.modality is {Modality(spec.modality).value}"
         )
     report = is_rank_zero(dp_rank)
-    component = text_component(
-        source,
-        tokenizer=tokenizer,
-        split=split,
-        cache_dir=cache_dir,
-        options=options,
-        num_proc=num_proc,
-        report=report,
-    )
+    how = SourceOptions(tokenizer, split=split, options=options, report=report)
+    component = text_component(source, dataclasses.replace(how, cache_dir=cache_dir, num_proc=num_proc))
     plan = component_plan(component, spec, seed=seed, cache=plan_cache, cache_dir=cache_dir)
     if plan is not None and report:
         log_plan(plan)

@@ -23,7 +23,7 @@ Layouts: ``packed_varlen`` (the point), ``padded_varlen`` and ``fixed`` (one sam
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,14 @@ from puzzletron.dataset.config import PuzzletronDataSpec
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.vlm_store import VlmStore
 from puzzletron.dataset.pipelines._batches import RankBatches
-from puzzletron.dataset.pipelines._core import DealOptions, component_plan, deal, pack_loads, vlm_component
+from puzzletron.dataset.pipelines._core import (
+    DealOptions,
+    SourceOptions,
+    component_plan,
+    deal,
+    pack_loads,
+    vlm_component,
+)
 from puzzletron.dataset.pipelines._vlm_media import VlmPackedBatches
 from puzzletron.dataset.tokenize.vlm_store import DEFAULT_ROWS_PER_SHARD
 
@@ -92,14 +99,9 @@ def build_vlm_batches(
     if not isinstance(pixel_dtype, torch.dtype) or not pixel_dtype.is_floating_point:
         raise ConfigError(f"pixel_dtype must be a floating torch.dtype; got {pixel_dtype!r}")
     require_positive(pad_to_multiple_of, "pad_to_multiple_of", error=ConfigError)
+    how = SourceOptions(processor=processor, subset=subset, rows_per_shard=rows_per_shard)
     component = vlm_component(
-        source,
-        processor=processor,
-        subset=subset,
-        cache_dir=cache_dir,
-        num_proc=num_proc,
-        rows_per_shard=rows_per_shard,
-        pixel_dtype=pixel_dtype,
+        source, replace(how, cache_dir=cache_dir, num_proc=num_proc, pixel_dtype=pixel_dtype)
     )
     plan = component_plan(component, spec, seed=seed, cache=plan_cache, cache_dir=cache_dir)
     dataset = VlmPackedBatches(
