@@ -101,9 +101,8 @@ class MixtureBatches(torch.utils.data.Dataset):
             return np.concatenate(values).astype(np.int64) if values else np.zeros(0, np.int64)
 
         local = gather("sample")
-        names: list[str] = []
-        for c, a, b in picks:
-            names += parts[c][0].names(np.arange(a, b))
+        every = {c: part.names(np.arange(first[-1])) for c, (part, first) in parts.items()}  # one read each
+        names = [name for c, a, b in picks for name in every[c][a:b]]
         spans = Spans(
             sample=local + self.concat.offsets[span_component],
             start=gather("start"),
