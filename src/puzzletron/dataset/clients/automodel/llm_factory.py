@@ -57,7 +57,13 @@ from typing import Any
 
 import torch
 
-from puzzletron.dataset._checks import require_bool, require_int, require_positive, require_seed
+from puzzletron.dataset._checks import (
+    refuse_unknown,
+    require_bool,
+    require_int,
+    require_positive,
+    require_seed,
+)
 from puzzletron.dataset.batch import IGNORE_INDEX, DataLayout, Modality, PuzzletronBatch
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
 from puzzletron.dataset.distributed import BatchKey
@@ -172,6 +178,7 @@ def make_puzzletron_chat_dataset(
     num_proc: int = 1,
     options: Mapping[str, Any] | TokenizeOptions | None = None,
     cache_dir: str | Path | None = None,
+    **unknown: Any,
 ) -> ChatRows:
     """AutoModel LLM dataset `_target_`: a text snapshot -> `ChatRows` in one `PuzzletronDataSpec` layout.
 
@@ -188,8 +195,10 @@ def make_puzzletron_chat_dataset(
     ``num_samples``: keep the first N items (packs for ``packed_varlen``, samples otherwise); more than
     there are is an error.
     A superset of the original ``make_puzzletron_chat_dataset(dataset_path, split, seq_length, seed,
-    num_samples)``: the added options are keyword-only.
+    num_samples)``: the added options are keyword-only. Any other key (a YAML typo) is a `TypeError` naming
+    the closest option (`refuse_unknown`, as the VLM factory does).
     """
+    refuse_unknown(make_puzzletron_chat_dataset, unknown)
     if tokenizer_path is None and not is_token_store(dataset_path):
         raise ConfigError(
             f"tokenizer_path is required: {dataset_path} is not a token store, and its conversations are "

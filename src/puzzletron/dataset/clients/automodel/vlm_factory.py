@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from puzzletron.dataset._checks import did_you_mean, require_bool, require_int
+from puzzletron.dataset._checks import refuse_unknown, require_bool, require_int
 from puzzletron.dataset.errors import ConfigError, ConversationError, SnapshotError
 from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
 from puzzletron.dataset.formats.subset.reader import SubsetReader, subset_manifest
@@ -53,18 +53,6 @@ __all__ = [
     "load_materialized_conversation_dataset",
     "round_robin_order",
 ]
-
-_OPTIONS = (
-    "num_samples",
-    "seq_length",
-    "pretokenize",
-    "truncate",
-    "inject_fake_images",
-    "max_length",
-    "vlm_store",
-    "processor_path",
-    "cache_dir",
-)
 
 
 def round_robin_order(groups: Sequence[int]) -> list[int]:
@@ -192,13 +180,7 @@ def load_materialized_conversation_dataset(
     ``_text_tokens`` from ``vlm_store`` (the subset's VLM store) or from the store ``processor_path`` builds
     or reuses in ``cache_dir``.
     """
-    if unknown:
-        hints = [f"{name!r}{did_you_mean(name, (*_OPTIONS, 'path_or_dataset'))}" for name in sorted(unknown)]
-        raise TypeError(  # the seed API: an unknown keyword is a TypeError, as for any Python call
-            "load_materialized_conversation_dataset() got unknown option(s): "
-            + ", ".join(hints)
-            + f"; accepted options are {', '.join(_OPTIONS)}"
-        )
+    refuse_unknown(load_materialized_conversation_dataset, unknown)  # the seed API: a TypeError
     for name, value in (("num_samples", num_samples), ("seq_length", seq_length), ("max_length", max_length)):
         if value is not None:
             require_int(value, name, minimum=1, error=ConfigError)
