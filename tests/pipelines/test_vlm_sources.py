@@ -71,7 +71,7 @@ def test_a_text_spec_or_a_foreign_source_is_a_config_error(
     text = PuzzletronDataSpec.from_mapping({"modality": "text", "layout": "fixed", "max_sample_length": 64})
     with pytest.raises(ConfigError, match=r"builds multimodal batches; data\.modality is text"):
         build_vlm_batches(vlm_stores["qwen2_5_vl"], processor=None, spec=text, batch_size=1)
-    with pytest.raises(ConfigError, match="is neither a conversation subset nor a VLM store"):
+    with pytest.raises(ConfigError, match="is a puzzletron-text-snapshot: build_batches reads it"):
         build_vlm_batches(snapshot, processor=None, spec=SPEC, batch_size=1)
     with pytest.raises(ConfigError, match=r"is a subset: give processor= and cache_dir=\S*"):
         build_vlm_batches(vlm_subset, processor=processor_dirs["qwen2_5_vl"], spec=SPEC, batch_size=1)
@@ -150,3 +150,13 @@ def test_a_packed_plan_is_planned_once_into_the_plan_cache_and_mapped_after(
         assert type(plan).__name__ == "MappedPlan" and plan.cut_samples == alone.cut_samples > 0
         assert plan.rows == alone.rows and list(plan.dropped) == list(alone.dropped)
         assert np.array_equal(plan.units.length, alone.units.length)
+
+
+def test_a_spec_may_be_a_data_mapping_and_anything_else_is_refused(vlm_stores: dict[str, Path]) -> None:
+    raw = {"modality": "multimodal", "layout": "packed_varlen", "max_sample_length": 512}
+    raw["packing"] = {"pack_size": 512}
+    planned = build_vlm_batches(vlm_stores["qwen2_5_vl"], processor=None, spec=raw, batch_size=2)
+    same = build_vlm_batches(vlm_stores["qwen2_5_vl"], processor=None, spec=SPEC, batch_size=2)
+    assert planned.plan.sample_order.tolist() == same.plan.sample_order.tolist()
+    with pytest.raises(ConfigError, match=r"build_vlm_batches: spec must be a PuzzletronDataSpec or a data"):
+        build_vlm_batches(vlm_stores["qwen2_5_vl"], processor=None, spec="packed_varlen", batch_size=2)

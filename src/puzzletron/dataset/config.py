@@ -43,6 +43,7 @@ __all__ = [
     "PackingSpec",
     "PuzzletronDataSpec",
     "TokenizeOptions",
+    "as_spec",
     "check_size_limits",
 ]
 
@@ -239,6 +240,27 @@ class PuzzletronDataSpec:
         extras = {str(k): v for k, v in raw.items() if k not in _SPEC_KEYS}
         object.__setattr__(spec, "extras", types.MappingProxyType(extras))
         return spec
+
+
+def as_spec(spec: Any, *, owner: str) -> PuzzletronDataSpec:
+    """``spec`` as a `PuzzletronDataSpec`: one as it is, a ``data:`` mapping (a dict, an OmegaConf
+    ``DictConfig``) through `PuzzletronDataSpec.from_mapping`; anything else a `ConfigError` naming `owner`.
+    Every entry point that takes a spec takes it through here.
+
+    >>> as_spec({"modality": "text", "layout": "fixed", "max_sample_length": 8}, owner="f").layout.value
+    'fixed'
+    >>> as_spec("packed", owner="build_batches")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    puzzletron.dataset.errors.ConfigError: build_batches: spec must be a PuzzletronDataSpec or ...; got str
+    """
+    if isinstance(spec, PuzzletronDataSpec):
+        return spec
+    if isinstance(spec, Mapping):
+        return PuzzletronDataSpec.from_mapping(spec)
+    raise ConfigError(
+        f"{owner}: spec must be a PuzzletronDataSpec or a data: mapping (PuzzletronDataSpec.from_mapping); "
+        f"got {type(spec).__name__}"
+    )
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,8 @@ def text_component(
     path = Path(source) if isinstance(source, str | Path) else None
     if path is not None and is_token_store(path):
         return _from_store(TokenStore(path))
+    if store_format(path) in (SUBSET_FORMAT, VLM_STORE_FORMAT):
+        raise ConfigError(f"build_batches: {source} is a {store_format(path)}: build_vlm_batches reads it")
     if tokenizer is None:
         raise ConfigError(f"build_batches: tokenizer is required to tokenise {source!r} (not a token store)")
     if cache_dir is not None:
@@ -225,7 +227,8 @@ def vlm_component(
     if fmt == VLM_STORE_FORMAT:
         store = VlmStore(root)
     elif fmt != SUBSET_FORMAT:
-        raise ConfigError(f"build_vlm_batches: {root} is neither a conversation subset nor a VLM store")
+        what = f"a {fmt}: build_batches reads it" if fmt else "not a snapshot or store of a known format"
+        raise ConfigError(f"build_vlm_batches: {root} is {what}; it reads a conversation subset or VLM store")
     elif processor is None or cache_dir is None:
         raise ConfigError(
             f"build_vlm_batches: {root} is a subset: give processor= and cache_dir= (the VLM store is "

@@ -31,7 +31,7 @@ import torch
 
 from puzzletron.dataset._checks import require_positive
 from puzzletron.dataset.batch import Modality
-from puzzletron.dataset.config import PuzzletronDataSpec
+from puzzletron.dataset.config import PuzzletronDataSpec, as_spec
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.vlm_store import VlmStore
 from puzzletron.dataset.pipelines._batches import RankBatches
@@ -85,6 +85,7 @@ def build_vlm_batches(
     ``plan_cache``, by default ``cache_dir/.plans``, else ``.<store name>.plans`` beside the store (planned
     in memory when that folder cannot be written).
     """
+    spec = as_spec(spec, owner="build_vlm_batches")
     if Modality(spec.modality) is not Modality.MULTIMODAL:
         raise ConfigError(
             f"build_vlm_batches builds multimodal batches; data.modality is {Modality(spec.modality).value}"

@@ -65,7 +65,7 @@ from puzzletron.dataset._checks import (
     require_seed,
 )
 from puzzletron.dataset.batch import IGNORE_INDEX, DataLayout, Modality, PuzzletronBatch
-from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
+from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions, as_spec
 from puzzletron.dataset.distributed import BatchKey
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.pipelines.text import TextBatches, build_batches, is_token_store
@@ -133,7 +133,7 @@ def resolve_text_spec(
     if data is not None:
         if layout is not None or pack_size is not None:
             raise ConfigError("give either data: (a PuzzletronDataSpec block) or layout/pack_size, not both")
-        spec = data if isinstance(data, PuzzletronDataSpec) else PuzzletronDataSpec.from_mapping(data)
+        spec = as_spec(data, owner="make_puzzletron_chat_dataset(data=)")
         if seq_length is not None and seq_length != spec.sequence_length:
             raise ConfigError(
                 f"seq_length={seq_length} disagrees with the data block's row length {spec.sequence_length}"
