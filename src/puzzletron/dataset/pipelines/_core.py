@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions
+from puzzletron.dataset.config import CACHE_DIR_ENV, PuzzletronDataSpec, TokenizeOptions, default_cache_dir
 from puzzletron.dataset.distributed import DistributedPackSampler
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import MANIFEST, detect
@@ -225,16 +225,25 @@ def vlm_component(
     images_from = Path(os.path.abspath(subset)) if subset is not None else None
     fmt = store_format(root)
     if fmt == VLM_STORE_FORMAT:
-        store = VlmStore(root)
+        store = VlmStore(root)  # no subset=: the one it was built from, if still there unchanged
+        images_from = images_from if images_from is not None else store.recorded_subset()
     elif fmt != SUBSET_FORMAT:
         what = f"a {fmt}: build_batches reads it" if fmt else "not a snapshot or store of a known format"
         raise ConfigError(f"build_vlm_batches: {root} is {what}; it reads a conversation subset or VLM store")
-    elif processor is None or cache_dir is None:
+    elif processor is None:
         raise ConfigError(
-            f"build_vlm_batches: {root} is a subset: give processor= and cache_dir= (the VLM store is "
-            "built there once), or pass a VLM store folder"
+            f"build_vlm_batches: {root} is a subset: give processor= (its VLM store is built once in "
+            "cache_dir, by default default_cache_dir()), or pass a VLM store folder"
         )
     else:
+        if cache_dir is None:
+            cache_dir = default_cache_dir()
+            LOG.info(
+                "no cache_dir: the VLM store of %s is found or built under %s (%s)",
+                root,
+                cache_dir,
+                CACHE_DIR_ENV,
+            )
         built = build_vlm_store(
             root, processor=processor, cache_dir=cache_dir, num_proc=num_proc, rows_per_shard=rows_per_shard
         )
