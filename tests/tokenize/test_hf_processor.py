@@ -80,3 +80,17 @@ def test_a_tokenizer_given_as_the_processor_is_said_to_be_one(processor_dirs) ->
     tokenizer = AutoTokenizer.from_pretrained(processor_dirs["qwen2_5_vl"])
     with pytest.raises(ConfigError, match=r"is a tokenizer, not a processor \(no image processor\)"):
         vlm_processor(tokenizer)
+
+
+def test_it_pickles_into_a_fresh_process(processor_dirs) -> None:
+    """DataLoader workers under spawn get the processor pickled: its video stand-in is found by name."""
+    import pickle
+    import subprocess
+
+    blob = pickle.dumps(load_hf_processor(processor_dirs["qwen2_5_vl"]))
+    code = (
+        "import pickle, sys; p = pickle.loads(sys.stdin.buffer.read()); "
+        "print(type(p).__name__, type(p.video_processor).__name__, p.video_processor.patch_size)"
+    )
+    child = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, timeout=300)
+    assert child.stdout.decode().split() == ["Qwen2_5_VLProcessor", "_ImagesOnlyVideoProcessor", "14"]

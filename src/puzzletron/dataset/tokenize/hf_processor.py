@@ -20,6 +20,7 @@ processed the same way).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -52,12 +53,13 @@ def _class_name(root: Path, image_config: dict[str, Any]) -> str:
     return "Qwen3VLProcessor" if image_config.get("patch_size") == 16 else "Qwen2_5_VLProcessor"
 
 
-def _images_only(image_processor: Any) -> Any:
-    """A video processor that refuses videos, with the sizes the processor classes read of one."""
+@functools.cache
+def _images_only_class() -> type:
+    """The video processor that refuses videos (made on first use: it subclasses a transformers class)."""
     from transformers import BaseVideoProcessor
 
-    class ImagesOnlyVideoProcessor(BaseVideoProcessor):  # without torchvision its __init__ would raise
-        def __init__(self) -> None:
+    class _ImagesOnlyVideoProcessor(BaseVideoProcessor):  # without torchvision its __init__ would raise
+        def __init__(self, image_processor: Any) -> None:  # the sizes the processor classes read of one
             for name in ("merge_size", "patch_size", "temporal_patch_size"):
                 setattr(self, name, getattr(image_processor, name))
             self.model_input_names = ["pixel_values_videos", "video_grid_thw"]
@@ -67,7 +69,15 @@ def _images_only(image_processor: Any) -> Any:
 
         preprocess = __call__
 
-    return ImagesOnlyVideoProcessor()
+    _ImagesOnlyVideoProcessor.__module__ = __name__  # pickled by name (DataLoader workers): `__getattr__`
+    _ImagesOnlyVideoProcessor.__qualname__ = "_ImagesOnlyVideoProcessor"
+    return _ImagesOnlyVideoProcessor
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_ImagesOnlyVideoProcessor":
+        return _images_only_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_hf_processor(directory: str | Path) -> Any:
@@ -93,6 +103,6 @@ def load_hf_processor(directory: str | Path) -> Any:
     return getattr(transformers, name)(
         image_processor=image_processor,
         tokenizer=tokenizer,
-        video_processor=_images_only(image_processor),
+        video_processor=_images_only_class()(image_processor),
         chat_template=template.read_text(encoding="utf-8") if template.is_file() else None,
     )
