@@ -23,9 +23,9 @@ With ``cache_dir`` (or a token store as ``dataset_path``) the recipe reads a tok
 every rank tokenises the split in memory on every run.
 
 Or a ``data:`` block instead of ``layout``/``seq_length``: ``data: {modality: text, layout: ...,
-max_sample_length: ..., packing: {pack_size: ...}}`` (`PuzzletronDataSpec.from_mapping`). AutoModel resolves
-``_target_`` outside its own packages only for imported modules: set ``NEMO_ENABLE_USER_MODULES=1`` (or import
-this module before loading the config).
+max_sample_length: ..., packing: {pack_size: ...}}`` (`PuzzletronDataSpec.from_mapping`). AutoModel 0.7.0
+resolves any importable ``_target_`` (``NEMO_ENABLE_USER_MODULES=1`` is needed only for a ``file.py:name``
+target or a private name).
 
 The recipe (``recipes/llm/train_ft.py``, AutoModel 0.7.0) calls the target with the YAML keys only, plus
 ``tokenizer=`` when the target declares that parameter. This one does not: AutoModel's tokenizer wrapper
