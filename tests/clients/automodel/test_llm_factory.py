@@ -116,7 +116,7 @@ def test_with_a_cache_dir_the_recipe_reads_a_token_store_built_once(
 ) -> None:
     """AutoModel builds the dataset on every rank and every run: with ``cache_dir`` only the first call
     tokenises; the rows are the in-memory ones, and the store alone (no tokenizer) gives them too."""
-    from puzzletron.dataset.pipelines import text as pipeline
+    from puzzletron.dataset.pipelines import _core as pipeline
     from puzzletron.dataset.tokenize import store as build_store
 
     in_memory = _items(_make(snapshot, seq_length=96, seed=5))
