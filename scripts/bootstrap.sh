@@ -5,6 +5,9 @@
 # install, so none of them swaps it for another version. The pin chooses the version, not the build: from
 # PyPI a plain version is the multi-GB CUDA build on Linux; ask for the CPU one with a local version
 # (PUZZLETRON_TORCH=2.13.0+cpu) and PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.
+# The torchao / torch _pytree lines transformers prints when it loads a model or processor come from torchao
+# (a NeMo AutoModel dependency); no torchao pin or setting removes them without hiding real warnings, so none
+# is made here (README, "Try it").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_PIN="${PUZZLETRON_TORCH:-2.13.0}"

@@ -48,6 +48,18 @@ class _SessionEnv:
                 os.environ[name] = value
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _per_user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The per-user store cache (`default_cache_dir`, where a call without ``cache_dir`` builds) in a
+    session-temporary folder: no test writes into the home directory."""
+    env = _SessionEnv()
+    env.set("PUZZLETRON_CACHE_DIR", str(tmp_path_factory.mktemp("per-user-cache")))
+    try:
+        yield
+    finally:
+        env.restore()
+
+
 @pytest.fixture(scope="session")
 def fixture_hub(tmp_path_factory: pytest.TempPathFactory) -> FixtureHub:
     """The generated fixture repositories (``.root``, ``.mirrors``, ``.shas[repo_id]``, ``.repo_dir()``).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -198,3 +199,17 @@ def test_a_spec_with_extras_pickles_round_trip_for_spawned_workers() -> None:
     assert again == spec and dict(again.extras) == {"path": "/data/subset"}
     with pytest.raises(TypeError):
         again.extras["path"] = "x"  # type: ignore[index]
+
+
+def test_the_default_cache_dir_is_per_user_and_overridable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from puzzletron.dataset.config import default_cache_dir
+
+    monkeypatch.delenv("PUZZLETRON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "puzzletron" / "stores"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir() == Path.home() / ".cache" / "puzzletron" / "stores"
+    monkeypatch.setenv("PUZZLETRON_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"  # read at every call

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import logging
 import os
 import queue
@@ -245,7 +246,7 @@ def _instantiate(block: Block, workdir: Path) -> list[Any]:
     path = workdir / f"readme-{block.line}.yaml"
     path.write_text(block.code)
     allowed = loader.ENABLE_USER_MODULES
-    loader.set_enable_user_modules(True)  # what NEMO_ENABLE_USER_MODULES=1 does (the README says so)
+    loader.set_enable_user_modules(False)  # the README: NEMO_ENABLE_USER_MODULES=1 is not needed for these
     try:
         built.append(loader.load_yaml_config(path).dataset.instantiate())
     finally:
@@ -283,3 +284,79 @@ def test_every_block_runs_on_the_fixture_hub(workdir: Path, caplog: pytest.LogCa
     ]
     reused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reusing token store")]
     assert reused and all(m.endswith(str(workdir / "stores" / "puzzle-kd")) for m in reused), reused
+    # The CPU-sized examples (rows of 1024) keep every token: no "dropped ... 71%" warning first thing.
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [m for m in warned if "pack_size 1024" in m], warned
+    _rerun_offline(workdir)
+
+
+_RERUN = """
+import json, sys
+from puzzletron.cli import main
+for argv in json.loads(sys.argv[1]):
+    print(json.dumps({"code": main(argv)}), flush=True)
+"""
+
+
+def _rerun_offline(workdir: Path) -> None:
+    """ "A rerun with the same spec reuses the snapshot without a request": the README's materialize
+    commands again, in their folder, with the Hub stopped (a port that counts the connections it refuses) and
+    every other outbound request trapped."""
+    from puzzletron.fixtures.faults import OutboundTrap
+    from puzzletron.fixtures.mirror import free_port
+    from puzzletron.fixtures.tcp_faults import TcpFaults
+
+    assert "A rerun with the same spec reuses the snapshot without a request" in " ".join(TEXT.split())
+    runs = [c for b in BLOCKS if b.marker is None and b.lang == "bash" for c in _commands(b.code)]
+    runs = [c for c in runs if c[0] == "materialize"]
+    assert len(runs) == 3
+    with TcpFaults(free_port()) as stopped, OutboundTrap() as trap:
+        env = {**_environment(), **trap.environment(), "HF_ENDPOINT": stopped.endpoint}
+        env["HF_HOME"] = str(workdir / "try" / "hf-home")
+        child = subprocess.run(
+            [sys.executable, "-c", _RERUN, json.dumps(runs)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    lines = [json.loads(line) for line in child.stdout.splitlines()]
+    assert [line["code"] for line in lines if "code" in line] == [0] * 3, child.stderr[-3000:]
+    assert [line["status"] for line in lines if "status" in line] == ["reused"] * 3
+    assert (stopped.connections, trap.requests) == (0, [])
+
+
+def test_the_failure_lines_the_readme_promises(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ "any command prints exactly one with --json, whatever happens ...; a failure, a usage error included,
+    is "status": "failed" with its error ... and exit_code. Exit ... 1 a data error, 2 usage"."""
+    from puzzletron.cli import main
+
+    promise = " ".join(TEXT.split())
+    assert "any command prints exactly one with `--json`, whatever happens" in promise
+    assert 'a usage error included, is `"status": "failed"` with its `error`' in promise
+    assert "Exit 0 done or reused, 1 a data error, 2 usage" in promise
+    assert main(["inspect", str(tmp_path / "missing"), "--json"]) == 1
+    with pytest.raises(SystemExit) as usage:
+        main(["verify", str(tmp_path), "--no-such-flag", "--json"])
+    assert usage.value.code == 2
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(x["command"], x["status"], x["exit_code"]) for x in lines] == [
+        ("inspect", "failed", 1),
+        ("verify", "failed", 2),
+    ]
+    assert all(x["error"] for x in lines)
+
+
+def test_the_layout_names_every_module() -> None:
+    """The Layout section lists every module of the package, the fixtures and the command line (by name)."""
+    layout = TEXT.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    words = set(re.findall(r"[\w.]+", layout)) | {
+        w.removesuffix(".py") for w in re.findall(r"[\w.]+", layout)
+    }
+    src = ROOT / "src" / "puzzletron"
+    missing = sorted(
+        str(path.relative_to(src))
+        for path in src.rglob("*.py")
+        if path.stem not in ("__init__", "__main__") and path.stem not in words
+    )
+    assert missing == []

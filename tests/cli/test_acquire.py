@@ -196,3 +196,76 @@ def test_progress_bars_only_on_a_terminal_and_never_with_quiet(
     assert main([*argv, "--output", str(tmp_path / "pipe")]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["status"] == "done" and "%|" not in captured.err
+
+
+_RERUN = """
+import json, sys
+from puzzletron.cli import main
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    print(json.dumps({"argv": argv, "code": code}), flush=True)
+"""
+
+
+def test_every_materializer_reruns_with_the_hub_stopped_and_makes_no_request(
+    hub_endpoint: str, fixture_hub: FixtureHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rerun of each materializer with the spec of the snapshot there (with and without an explicit
+    ``--revision <sha>``) is reused in a fresh process whose Hub is stopped (a loopback port that counts the
+    connections it refuses) and whose outbound traffic is trapped: no request at all, not one retry."""
+    from puzzletron.fixtures.faults import OutboundTrap
+    from puzzletron.fixtures.hub import NEMOTRON_VLM
+    from puzzletron.fixtures.mirror import free_port
+    from puzzletron.fixtures.tcp_faults import TcpFaults
+
+    shas = fixture_hub.shas
+    kd = ["materialize", "puzzle-kd", "--output", str(tmp_path / "kd"), "--train-samples", "8"]
+    kd += ["--validation-samples", "2", "--quiet"]
+    vlm = ["materialize", "nemotron-vlm", "--output", str(tmp_path / "vlm"), "--num-samples", "4", "--quiet"]
+    inter = ["materialize", "intersyn", "--rows-per-source", "2", "--quiet"]
+    pinned = ["--single-turn-revision", shas[INTERSYN_SINGLE], "--multi-turn-revision", shas[INTERSYN_MULTI]]
+    inter_sha = [*inter, "--output", str(tmp_path / "inter-sha"), *pinned]
+    inter_main = [*inter, "--output", str(tmp_path / "inter-main")]
+    inter_main += ["--single-turn-revision", "main", "--multi-turn-revision", "main"]
+    for argv in (kd, vlm, inter_sha, inter_main):
+        assert main(argv) == 0
+    assert [json.loads(line)["status"] for line in capsys.readouterr().out.splitlines()] == ["done"] * 4
+    reruns = [kd, [*kd, "--revision", shas[PUZZLE_KD]], vlm, [*vlm, "--revision", shas[NEMOTRON_VLM]]]
+    reruns += [inter_sha, inter_main]
+    with TcpFaults(free_port()) as stopped, OutboundTrap() as trap:  # a Hub that refuses every connection
+        env = {**os.environ, **trap.environment(), "HF_ENDPOINT": stopped.endpoint}
+        child = subprocess.run(
+            [sys.executable, "-c", _RERUN, json.dumps(reruns)], env=env, capture_output=True, text=True
+        )
+    assert child.returncode == 0, child.stderr[-3000:]
+    lines = [json.loads(line) for line in child.stdout.splitlines()]
+    results = [line for line in lines if "argv" in line]
+    assert [r["code"] for r in results] == [0] * len(reruns), child.stderr[-3000:]
+    assert [line["status"] for line in lines if "status" in line] == ["reused"] * len(reruns)
+    assert (stopped.connections, trap.requests) == (0, [])
+    assert "Retrying" not in child.stderr
+
+
+_ONE_RETRY = """
+import logging, sys
+from puzzletron.cli import main
+from puzzletron.dataset.errors import AcquisitionError
+from puzzletron.dataset.sources import hub
+
+def retried_then_failed(call):  # what huggingface_hub's http_backoff says before each retry
+    logging.getLogger("huggingface_hub.utils._http").warning("Retrying in 1s [Retry 1/5].")
+    raise AcquisitionError("the Hub is unreachable")
+
+hub._api = retried_then_failed
+sys.exit(main(["materialize", "puzzle-kd", "--output", sys.argv[1]]))
+"""
+
+
+def test_a_hub_retry_is_said_once_on_stderr(tmp_path: Path) -> None:
+    """huggingface_hub has a stderr handler of its own and also propagates to the root logger the command
+    line configures: each retry warning was printed twice (bare, then ``WARNING:huggingface_hub...``)."""
+    child = subprocess.run(
+        [sys.executable, "-c", _ONE_RETRY, str(tmp_path / "x")], capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 1
+    assert child.stderr.count("Retrying in 1s [Retry 1/5].") == 1, child.stderr

@@ -110,6 +110,17 @@ def test_demo_json_is_one_line_and_the_stages_go_to_stderr(demo, tmp_path):
 
 
 @pytest.mark.slow
+def test_demo_json_without_a_workdir_names_no_file_of_its_removed_folder():
+    result = _run(["demo", "--json"], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = result.stdout.splitlines()
+    facts = json.loads(line)
+    assert facts["status"] == "ok" and facts["path"] is None
+    named = [v for v in facts.values() if isinstance(v, str) and "puzzletron-demo-" in v]
+    assert named == [] and not {"tokenizer", "processor", "model"} & set(facts)
+
+
+@pytest.mark.slow
 def test_demo_exits_non_zero_naming_the_failed_stage_and_stops(tmp_path):
     # A non-empty folder where the Puzzle-KD snapshot goes: materialisation must refuse it.
     blocked = tmp_path / "snapshots" / "puzzle-kd"

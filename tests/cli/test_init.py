@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +121,121 @@ def test_verify_json_of_a_missing_folder_says_so(tmp_path: Path, capsys: pytest.
     assert main(["verify", str(tmp_path / "nosuch"), "--json"]) == 1
     line = _line(capsys)
     assert (line["status"], line["problems"]) == ("failed", [f"{tmp_path / 'nosuch'}: no such folder"])
+    assert (line["error"], line["exit_code"]) == (f"1 problem(s): {tmp_path / 'nosuch'}: no such folder", 1)
+
+
+def _failures(tmp_path: Path) -> dict[str, tuple[list[str], int]]:
+    """A failing run of every command that can fail without a Hub or store of its own: argv, exit code."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    missing = str(tmp_path / "missing")
+    return {
+        "inspect": (["inspect", missing], 1),
+        "verify": (["verify", "s3://bkt/stores/kd"], 1),  # an URL nothing answers at
+        "tokenize": (["tokenize", missing, "--tokenizer", missing, "--output", str(tmp_path / "s")], 1),
+        "materialize puzzle-kd": (["materialize", "puzzle-kd", "--output", str(tmp_path / "kd")], 1),
+        "materialize nemotron-vlm": (
+            ["materialize", "nemotron-vlm", "--output", str(tmp_path / "v"), "--num-samples", "0"],
+            2,
+        ),
+        "hub fixtures": (["hub", "fixtures", str(a_file)], 1),
+        "hub serve": (["hub", "serve", missing], 1),
+        "pack-report": (["pack-report", missing, "--pack-size", "0", "--out", str(tmp_path / "p.png")], 2),
+    }
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "inspect",
+        "verify",
+        "tokenize",
+        "materialize puzzle-kd",
+        "materialize nemotron-vlm",
+        "hub fixtures",
+        "hub serve",
+        "pack-report",
+    ],
+)
+def test_every_failure_with_json_is_one_json_line_with_the_error(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from puzzletron.fixtures.mirror import free_port
+
+    closed = f"http://127.0.0.1:{free_port()}"  # a Hub and an object store that are not there
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for name, value in {
+        "AWS_ENDPOINT_URL": closed,
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PUZZLETRON_OBJECT_RETRIES", "0")
+    argv, code = _failures(tmp_path)[command]
+    assert main([*argv, "--json"]) == code
+    captured = capsys.readouterr()
+    line = _line_of(captured.out)
+    error = captured.err.strip().splitlines()[-1].removeprefix(f"puzzletron-data {command}: ")
+    assert line == {"command": command, "status": "failed", "error": error, "exit_code": code}
+
+
+def _line_of(out: str) -> dict[str, Any]:
+    lines = out.splitlines()
+    assert len(lines) == 1, lines
+    return json.loads(lines[0])
+
+
+def test_a_usage_error_with_json_is_one_json_line_too(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["materialize", "puzzle-kd", "--json"])  # --output missing
+    assert exc.value.code == 2
+    line = _line_of(capsys.readouterr().out)
+    assert line == {
+        "command": "materialize puzzle-kd",
+        "status": "failed",
+        "error": "the following arguments are required: --output",
+        "exit_code": 2,
+    }
+
+
+def test_verbose_goes_before_or_after_the_command() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["-v", "verify", "x"]).verbose is True
+    assert parser.parse_args(["verify", "x", "-v"]).verbose is True
+    assert parser.parse_args(["materialize", "puzzle-kd", "--output", "x", "--verbose"]).verbose is True
+    assert parser.parse_args(["verify", "x"]).verbose is False
+
+
+@pytest.mark.parametrize("typo", ["--train-sample", "--train-samplez"])
+def test_a_misspelled_or_abbreviated_option_is_refused_with_the_subcommand_usage(
+    typo: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["materialize", "puzzle-kd", "--output", "x", typo, "5"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: puzzletron-data materialize puzzle-kd ")
+    assert f"puzzletron-data materialize puzzle-kd: error: unrecognized arguments: {typo} 5" in err
+
+
+def test_a_spec_field_out_of_range_is_named_as_its_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["materialize", "puzzle-kd", "--output", str(tmp_path / "x"), "--train-samples", "-5"]) == 2
+    assert capsys.readouterr().err == (
+        "puzzletron-data materialize puzzle-kd: --train-samples must be an int >= 1; got -5\n"
+    )
+
+
+def test_a_usage_error_imports_nothing_heavy() -> None:
+    """Parsing comes before the library: a usage error is said before torch, numpy, pyarrow or the Hub
+    client are imported (they took seconds before the first word of an error)."""
+    script = (
+        "import sys\nfrom puzzletron.cli import main\n"
+        "try:\n    main(['materialize', 'puzzle-kd', '--bogus'])\nexcept SystemExit as exc:\n"
+        "    heavy = {'torch', 'numpy', 'pyarrow', 'huggingface_hub', 'datasets', 'transformers'}\n"
+        "    print(exc.code, sorted(heavy & set(sys.modules)))\n"
+    )
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert child.stdout.split(maxsplit=1) == ["2", "[]\n"], child.stderr

@@ -169,3 +169,15 @@ def test_tokenize_verify_and_inspect_take_urls(snapshot, tokenizer_dir, bucket, 
     objects.put_bytes("index/ids.bin", objects.get("index/ids.bin")[::-1])  # damaged after publication
     assert main(["verify", url]) == 1
     assert "index/ids.bin: SHA-256 differs from the manifest" in capsys.readouterr().out
+
+
+def test_neither_output_nor_cache_dir_builds_in_the_per_user_cache(
+    snapshot, tokenizer_dir, tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv("PUZZLETRON_CACHE_DIR", str(tmp_path / "per-user"))
+    args = ["tokenize", str(snapshot), "--tokenizer", str(tokenizer_dir), "--split", "validation"]
+    assert main(args) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["status"] == "done" and Path(line["path"]).parent == tmp_path / "per-user"
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "reused"

@@ -74,3 +74,17 @@ def test_a_cp_local_multimodal_batch_must_be_embedded_first(vlm_stores, processo
     with pytest.raises(BatchValidationError, match="compute inputs_embeds on the full batch"):
         model_inputs(local, backend="sdpa")
     assert local.model_kwargs["position_ids"].shape[-1] == local.sequence_length  # gathered with the tokens
+
+
+def test_a_multimodal_batch_for_a_text_only_model_is_refused_naming_both(
+    vlm_stores, processor_dirs, vlm_subset
+):
+    """Before: a raw rotary-embedding shape error inside transformers (mRoPE positions, a text model)."""
+    from _tiny_models import tiny_qwen2
+
+    batch = _batch(vlm_stores, processor_dirs, vlm_subset)
+    model = tiny_qwen2("sdpa", vocab_size=int(batch.input_ids.max()) + 1)
+    with pytest.raises(
+        ConfigError, match=r"a multimodal batch .* for Qwen2ForCausalLM \(qwen2\), a model without"
+    ):
+        model_inputs(batch, model=model)

@@ -155,3 +155,15 @@ def test_truncate_packs_the_prefix_and_ends_its_supervision_at_the_cut() -> None
     assert batch.input_ids[0].tolist() == list(range(100, 108))
     assert batch.labels[0].tolist() == [*range(101, 108), -100]
     assert batch.sample_ids == ("b",)  # a truncated sample keeps its name: it is one document
+
+
+def test_build_batch_takes_a_data_mapping_as_its_spec() -> None:
+    from puzzletron.dataset.errors import ConfigError
+    from puzzletron.dataset.packing import TokenizedSamples, build_batch
+
+    samples = TokenizedSamples.from_lists([[1, 2, 3], [4, 5]], [[2, 3, -100], [5, -100]])
+    raw = {"modality": "text", "layout": "packed_varlen", "max_sample_length": 8, "packing": {"pack_size": 8}}
+    batch = build_batch(samples, [[0, 1]], spec=raw)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 0, 0, 0]]
+    with pytest.raises(ConfigError, match="build_batch: spec must be a PuzzletronDataSpec"):
+        build_batch(samples, [[0, 1]], spec=["packed_varlen"])

@@ -105,6 +105,33 @@ def test_build_batches_rejects_a_multimodal_spec(tokenizer_dir: Path):
         build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1)
 
 
+def test_a_vlm_store_or_subset_is_named_and_sent_to_build_vlm_batches(
+    tokenizer_dir: Path, vlm_stores: dict[str, Path], vlm_subset: Path
+) -> None:
+    """Before: "tokenizer is required to tokenise ... (not a token store)", as if a tokenizer would help."""
+    spec = PuzzletronDataSpec("text", "fixed", 16)
+    for source, kind in ((vlm_stores["qwen2_5_vl"], "vlm-store"), (vlm_subset, "conversation-subset")):
+        for tokenizer in (None, tokenizer_dir):
+            with pytest.raises(ConfigError, match=rf"is a puzzletron-{kind}: build_vlm_batches reads it"):
+                build_batches(source, tokenizer=tokenizer, spec=spec, batch_size=1)
+
+
+def test_a_spec_may_be_a_data_mapping(tokenizer_dir: Path) -> None:
+    raw = {
+        "modality": "text",
+        "layout": "packed_varlen",
+        "max_sample_length": 64,
+        "packing": {"pack_size": 64},
+    }
+    spec = PuzzletronDataSpec.from_mapping(raw)
+    given = build_batches(ROWS, tokenizer=tokenizer_dir, spec=raw, batch_size=1)
+    assert [b.fingerprint for b in given] == [
+        b.fingerprint for b in build_batches(ROWS, tokenizer=tokenizer_dir, spec=spec, batch_size=1)
+    ]
+    with pytest.raises(ConfigError, match=r"build_batches: spec must be a PuzzletronDataSpec or a data"):
+        build_batches(ROWS, tokenizer=tokenizer_dir, spec=None, batch_size=1)
+
+
 # -------------------------------------------------------------------------------------- from a token store
 
 

@@ -71,10 +71,10 @@ def test_a_text_spec_or_a_foreign_source_is_a_config_error(
     text = PuzzletronDataSpec.from_mapping({"modality": "text", "layout": "fixed", "max_sample_length": 64})
     with pytest.raises(ConfigError, match=r"builds multimodal batches; data\.modality is text"):
         build_vlm_batches(vlm_stores["qwen2_5_vl"], processor=None, spec=text, batch_size=1)
-    with pytest.raises(ConfigError, match="is neither a conversation subset nor a VLM store"):
+    with pytest.raises(ConfigError, match="is a puzzletron-text-snapshot: build_batches reads it"):
         build_vlm_batches(snapshot, processor=None, spec=SPEC, batch_size=1)
-    with pytest.raises(ConfigError, match=r"is a subset: give processor= and cache_dir=\S*"):
-        build_vlm_batches(vlm_subset, processor=processor_dirs["qwen2_5_vl"], spec=SPEC, batch_size=1)
+    with pytest.raises(ConfigError, match=r"is a subset: give processor= \(its VLM store is built once"):
+        build_vlm_batches(vlm_subset, processor=None, spec=SPEC, batch_size=1)
     with pytest.raises(ConfigError, match=r"pixel_dtype must be a floating torch\.dtype"):
         build_vlm_batches(vlm_subset, processor=None, spec=SPEC, batch_size=1, pixel_dtype="bf16")
 
@@ -150,3 +150,57 @@ def test_a_packed_plan_is_planned_once_into_the_plan_cache_and_mapped_after(
         assert type(plan).__name__ == "MappedPlan" and plan.cut_samples == alone.cut_samples > 0
         assert plan.rows == alone.rows and list(plan.dropped) == list(alone.dropped)
         assert np.array_equal(plan.units.length, alone.units.length)
+
+
+def test_a_spec_may_be_a_data_mapping_and_anything_else_is_refused(vlm_stores: dict[str, Path]) -> None:
+    raw = {"modality": "multimodal", "layout": "packed_varlen", "max_sample_length": 512}
+    raw["packing"] = {"pack_size": 512}
+    planned = build_vlm_batches(vlm_stores["qwen2_5_vl"], processor=None, spec=raw, batch_size=2)
+    same = build_vlm_batches(vlm_stores["qwen2_5_vl"], processor=None, spec=SPEC, batch_size=2)
+    assert planned.plan.sample_order.tolist() == same.plan.sample_order.tolist()
+    with pytest.raises(ConfigError, match=r"build_vlm_batches: spec must be a PuzzletronDataSpec or a data"):
+        build_vlm_batches(vlm_stores["qwen2_5_vl"], processor=None, spec="packed_varlen", batch_size=2)
+
+
+def test_a_subset_without_cache_dir_goes_to_the_per_user_cache_and_says_where(
+    vlm_subset: Path,
+    processor_dirs: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: refused ("give processor= and cache_dir="), although cache_dir=None is the default."""
+    monkeypatch.setenv("PUZZLETRON_CACHE_DIR", str(tmp_path / "per-user"))
+    with caplog.at_level("INFO"):
+        batches = build_vlm_batches(vlm_subset, processor=processor_dirs["qwen3_vl"], spec=SPEC, batch_size=2)
+    assert batches.store.path.parent == tmp_path / "per-user"
+    assert any(str(tmp_path / "per-user") in r.getMessage() and "PUZZLETRON_CACHE_DIR" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    assert next(iter(batches)).model_kwargs["pixel_values"].shape[0] > 0
+
+
+def test_a_store_reads_the_subset_it_was_built_from_unless_it_moved(
+    vlm_subset: Path, processor_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """The store records where its subset was (a hint checked by the subset manifest's SHA-256): no
+    subset= needed while it is there; once it moved, subset= names the new place."""
+    from puzzletron.dataset.tokenize import build_vlm_store
+
+    subset = tmp_path / "subset"
+    shutil.copytree(vlm_subset, subset)
+    store = build_vlm_store(subset, processor=processor_dirs["qwen2_5_vl"], output=tmp_path / "store")
+    assert json.loads((store / "manifest.json").read_text())["subset_path"] == str(subset)
+    processor = processor_dirs["qwen2_5_vl"]
+    batches = build_vlm_batches(store, processor=processor, spec=SPEC, batch_size=2)
+    first = next(iter(batches))
+    assert first.model_kwargs["pixel_values"].shape[0] > 0
+    subset.rename(tmp_path / "moved")
+    stranded = build_vlm_batches(store, processor=processor, spec=SPEC, batch_size=2)
+    with pytest.raises(ConfigError, match="pass processor= and subset= to build_vlm_batches"):
+        next(iter(stranded))
+    moved = build_vlm_batches(store, processor=processor, spec=SPEC, batch_size=2, subset=tmp_path / "moved")
+    assert next(iter(moved)).fingerprint == first.fingerprint
+    shutil.copytree(tmp_path / "moved", subset)  # another subset where it was: not taken
+    (subset / "manifest.json").write_text((subset / "manifest.json").read_text().replace("\n", "\n "))
+    with pytest.raises(ConfigError, match="pass processor= and subset="):
+        next(iter(build_vlm_batches(store, processor=processor, spec=SPEC, batch_size=2)))

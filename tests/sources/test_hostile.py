@@ -501,7 +501,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_publishes_nothing(hub_endpoint: st
             _, err = child.communicate(timeout=45)
     assert child.returncode == 130
     assert err.strip().splitlines() == [
-        "puzzletron-data materialize: interrupted; nothing partial was published"
+        "puzzletron-data materialize puzzle-kd: interrupted; nothing partial was published"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no snapshot, transaction or lock
 

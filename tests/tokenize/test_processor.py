@@ -85,7 +85,7 @@ def test_another_family_is_a_config_error_naming_what_is_missing(
     processor_dirs: dict[str, Path], tokenizer_dir: Path
 ) -> None:
     processor = LOADERS["qwen2_5_vl"](processor_dirs["qwen2_5_vl"])
-    with pytest.raises(ConfigError, match="TokenizersBackend is not supported: it has no tokenizer"):
+    with pytest.raises(ConfigError, match="TokenizersBackend is a tokenizer, not a processor"):
         vlm_processor(AutoTokenizer.from_pretrained(tokenizer_dir))
     from transformers import CLIPImageProcessor
 

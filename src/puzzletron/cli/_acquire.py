@@ -28,15 +28,12 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import fields
-from inspect import signature
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from puzzletron.cli._args import port_type
-from puzzletron.cli._output import add_json, emit, folder_facts
-from puzzletron.dataset.errors import PuzzletronDataError
+from puzzletron.cli._output import CommandFailed, add_json, emit, folder_facts
 
 __all__ = ["register"]
 
@@ -78,6 +75,7 @@ def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int
     published = publications(output)
     show = _show_progress(args)
     hub.set_progress_bars(show)
+    hub.log_through_application()  # each Hub retry said once on stderr, not twice
     logger = logging.getLogger(PROGRESS_LOGGER)
     handler = _ProgressHandler() if show else None
     old_level, old_propagate = logger.level, logger.propagate
@@ -85,6 +83,8 @@ def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int
         logger.addHandler(handler)
         logger.setLevel(logging.DEBUG)
         logger.propagate = False  # progress records feed the bars only, never the log
+    from puzzletron.dataset.errors import PuzzletronDataError
+
     try:
         call()  # a library error or OSError goes to `puzzletron.cli.main`: ConfigError exits 2, others 1
     except PuzzletronDataError as exc:
@@ -105,16 +105,27 @@ def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int
 
 
 def _flag_names(message: str, args: argparse.Namespace) -> str:
-    """``message`` with every option name of this command (``max_shards_per_subset``) as its flag."""
+    """``message`` with every option name of this command (``max_shards_per_subset``, also as
+    ``TextAcquisitionSpec.train_samples``) as its flag (``--max-shards-per-subset``).
+
+    >>> _flag_names("TextAcquisitionSpec.train_samples must be >= 1", argparse.Namespace(train_samples=1))
+    '--train-samples must be >= 1'
+    """
     names = sorted((n for n in vars(args) if "_" in n), key=len, reverse=True)
     for name in names:
-        message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", "--" + name.replace("_", "-"), message)
+        flag = "--" + name.replace("_", "-")
+        message = re.sub(rf"(?<![\w.-])(?:[A-Za-z_]\w*\.)?{re.escape(name)}(?![\w-])", flag, message)
     return message
+
+
+def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The options among `names` given on the command line (the others keep the spec's default)."""
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def _spec(spec_cls: type, args: argparse.Namespace, **fields_: Any) -> Any:
     """A spec from the flags every materialiser has, plus `fields_`."""
-    common = {"seed": args.seed, "revision": args.revision, "source": args.source}
+    common = _given(args, "seed", "revision", "source")
     return spec_cls(output_dir=Path(args.output), **common, **fields_)
 
 
@@ -126,7 +137,7 @@ def _puzzle_kd(args: argparse.Namespace) -> int:
     )
 
     def call() -> Any:
-        sizes = {"train_samples": args.train_samples, "validation_samples": args.validation_samples}
+        sizes = _given(args, "train_samples", "validation_samples")
         return materialize_puzzle_kd_dataset(_spec(TextAcquisitionSpec, args, **sizes))
 
     return _run(args, PUZZLE_KD_ADAPTER, call)
@@ -143,6 +154,7 @@ def _subset_rows(values: list[str] | None) -> tuple[tuple[str, int], ...]:
 
 
 def _nemotron(args: argparse.Namespace) -> int:
+    from puzzletron.dataset.errors import ConfigError
     from puzzletron.dataset.sources import (
         NEMOTRON_VLM_ADAPTER,
         VlmAcquisitionSpec,
@@ -152,13 +164,12 @@ def _nemotron(args: argparse.Namespace) -> int:
     try:
         rows = _subset_rows(args.subset_rows)
     except argparse.ArgumentTypeError as exc:
-        print(f"puzzletron-data materialize nemotron-vlm: {exc}", file=sys.stderr)
-        return 2
+        raise ConfigError(str(exc)) from None
     subsets = tuple(args.subset) if args.subset else tuple(name for name, _ in rows)
 
     def call() -> Any:
         extra = {"subsets": subsets} if subsets else {}
-        sizes = {"num_samples": args.num_samples, "max_shards_per_subset": args.max_shards_per_subset}
+        sizes = _given(args, "num_samples", "max_shards_per_subset")
         spec = _spec(VlmAcquisitionSpec, args, subset_rows=rows, **sizes, **extra)
         return materialize_nemotron_vlm_dataset(spec)
 
@@ -169,14 +180,7 @@ def _intersyn(args: argparse.Namespace) -> int:
     from puzzletron.dataset.sources import INTERSYN_ADAPTER, materialize_intersyn_subset
 
     def call() -> Any:
-        return materialize_intersyn_subset(
-            Path(args.output),
-            rows_per_source=args.rows_per_source,
-            single_turn_source=args.single_turn_source,
-            single_turn_revision=args.single_turn_revision,
-            multi_turn_source=args.multi_turn_source,
-            multi_turn_revision=args.multi_turn_revision,
-        )
+        return materialize_intersyn_subset(Path(args.output), **_given(args, *_INTERSYN))
 
     return _run(args, INTERSYN_ADAPTER, call)
 
@@ -184,11 +188,7 @@ def _intersyn(args: argparse.Namespace) -> int:
 def _hub_fixtures(args: argparse.Namespace) -> int:
     from puzzletron.fixtures.hub import generate_fixture_hub
 
-    try:
-        hub = generate_fixture_hub(Path(args.dir), seed=args.seed)
-    except OSError as exc:
-        print(f"puzzletron-data hub fixtures: {exc}", file=sys.stderr)
-        return 1
+    hub = generate_fixture_hub(Path(args.dir), seed=args.seed)  # an OSError: exit 1 in `puzzletron.cli.main`
     emit(
         "hub fixtures",
         "done",
@@ -214,14 +214,13 @@ def _hub_serve(args: argparse.Namespace) -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 stop.wait()
     except (FileNotFoundError, RuntimeError) as exc:
-        print(f"puzzletron-data hub serve: {exc}", file=sys.stderr)
-        return 1
+        raise CommandFailed(str(exc)) from exc
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
 
 
-# The help of each spec field's flag (its default is appended).
+# The help of each spec field's flag (its default is appended when the help is shown).
 _HELP = {
     "train_samples": "rows to take from the train split",
     "validation_samples": "rows to take from the validation split",
@@ -232,54 +231,88 @@ _HELP = {
     "single_turn_revision": "its commit (default: the pinned upstream commit; a mirror may need 'main')",
     "multi_turn_source": "Hub dataset id of the multi-turn InterSyn repository",
     "multi_turn_revision": "its commit (default: the pinned upstream commit; a mirror may need 'main')",
+    "seed": "shuffle seed",
+    "source": "Hub dataset id",
 }
+_INTS = frozenset({"train_samples", "validation_samples", "num_samples", "max_shards_per_subset"})
+_INTS |= {"rows_per_source", "seed"}
+_INTERSYN = ("rows_per_source", "single_turn_source", "single_turn_revision")
+_INTERSYN += ("multi_turn_source", "multi_turn_revision")
 
 
-def _flags(parser: argparse.ArgumentParser, defaults: Mapping[str, Any], *names: str) -> None:
-    """One ``--name`` flag per field `names`, its type and default those of `defaults` (the spec's)."""
-    for name in names:
-        default = defaults[name]
-        kind = int if isinstance(default, int) else None
+def _defaults(dataset: str) -> dict[str, Any]:
+    """The defaults of a materialiser's options: its spec's fields (InterSyn: its function's keywords).
+    Read only to show the help: parsing imports nothing of the library, so a usage error is said at once."""
+    from dataclasses import fields
+    from inspect import signature
+
+    from puzzletron.dataset import sources
+
+    if dataset == "intersyn":
+        parameters = signature(sources.materialize_intersyn_subset).parameters
+        return {name: p.default for name, p in parameters.items()}
+    spec = sources.TextAcquisitionSpec if dataset == "puzzle-kd" else sources.VlmAcquisitionSpec
+    return {f.name: f.default for f in fields(spec)}
+
+
+class _DefaultsHelp(argparse.HelpFormatter):
+    """Appends each spec option's default (`_defaults`) to its help, read when the help is shown."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = str(action.help or "")
+        field = getattr(action, "spec_field", None)
+        if field is None:
+            return text
+        default = _defaults(field[0])[field[1]]
         shown = f"{default[:12]}..." if isinstance(default, str) and len(default) == 40 else default
-        parser.add_argument(
-            f"--{name.replace('_', '-')}", type=kind, default=default, help=f"{_HELP[name]} (default {shown})"
+        return f"{text} (default {shown})".replace("%", "%%")
+
+
+def _flags(parser: argparse.ArgumentParser, dataset: str, *names: str) -> None:
+    """One ``--name`` flag per field `names` of the `dataset`'s spec (unset: the spec's default)."""
+    for name in names:
+        action = parser.add_argument(
+            f"--{name.replace('_', '-')}", type=int if name in _INTS else None, default=None, help=_HELP[name]
         )
+        action.spec_field = (dataset, name)  # type: ignore[attr-defined]
 
 
-def _common(parser: argparse.ArgumentParser, spec_cls: type | None) -> dict[str, Any]:
-    """The flags every materialiser has; with `spec_cls`, also its seed, revision and source (defaults
-    read from the spec). Returns the spec's field defaults."""
+def _common(parser: argparse.ArgumentParser, dataset: str) -> None:
+    """The flags every materialiser has; with a spec (not InterSyn), also its seed, revision and source."""
     parser.add_argument("--output", required=True, help="snapshot directory (created atomically)")
-    default = {f.name: f.default for f in fields(spec_cls)} if spec_cls is not None else {}
-    if spec_cls is not None:
-        seed, source = default["seed"], default["source"]
-        parser.add_argument("--seed", type=int, default=seed, help=f"shuffle seed (default {seed})")
+    if dataset != "intersyn":
+        _flags(parser, dataset, "seed")
         parser.add_argument(
-            "--revision", default=None, help="commit sha, branch, or main/latest (default: main)"
+            "--revision",
+            default=None,
+            help="commit sha, branch, or main/latest (default: the commit an existing snapshot at --output "
+            "pins, with no request; else main)",
         )
-        parser.add_argument("--source", default=source, help=f"Hub dataset id (default {source})")
+        _flags(parser, dataset, "source")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_json(parser, always=True)
-    return default
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``materialize`` and ``hub`` to the `puzzletron-data` parser."""
-    from puzzletron.dataset.sources import (
-        TextAcquisitionSpec,
-        VlmAcquisitionSpec,
-        materialize_intersyn_subset,
-    )
-
     materialize = sub.add_parser("materialize", help="take a bounded, pinned snapshot of a Hub dataset")
     datasets = materialize.add_subparsers(dest="dataset", required=True, metavar="DATASET")
 
-    pkd = datasets.add_parser("puzzle-kd", help="Puzzle-KD train/validation splits (datasets save_to_disk)")
-    _flags(pkd, _common(pkd, TextAcquisitionSpec), "train_samples", "validation_samples")
+    pkd = datasets.add_parser(
+        "puzzle-kd",
+        help="Puzzle-KD train/validation splits (datasets save_to_disk)",
+        formatter_class=_DefaultsHelp,
+    )
+    _common(pkd, "puzzle-kd")
+    _flags(pkd, "puzzle-kd", "train_samples", "validation_samples")
     pkd.set_defaults(handler=_puzzle_kd)
 
-    vlm = datasets.add_parser("nemotron-vlm", help="Nemotron-VLM image conversations (conversation subset)")
-    vlm_defaults = _common(vlm, VlmAcquisitionSpec)
+    vlm = datasets.add_parser(
+        "nemotron-vlm",
+        help="Nemotron-VLM image conversations (conversation subset)",
+        formatter_class=_DefaultsHelp,
+    )
+    _common(vlm, "nemotron-vlm")
     vlm.add_argument(
         "--subset", action="append", help="subset name (repeatable; default the three image subsets)"
     )
@@ -289,14 +322,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME=ROWS",
         help="the subset's share of --num-samples, in proportion to ROWS (its row count; repeatable)",
     )
-    _flags(vlm, vlm_defaults, "num_samples", "max_shards_per_subset")
+    _flags(vlm, "nemotron-vlm", "num_samples", "max_shards_per_subset")
     vlm.set_defaults(handler=_nemotron)
 
-    inter = datasets.add_parser("intersyn", help="the pinned InterSyn acceptance subset")
-    _common(inter, None)
-    pins = {n: p.default for n, p in signature(materialize_intersyn_subset).parameters.items()}
-    _flags(inter, pins, "rows_per_source", "single_turn_source", "single_turn_revision")
-    _flags(inter, pins, "multi_turn_source", "multi_turn_revision")
+    inter = datasets.add_parser(
+        "intersyn", help="the pinned InterSyn acceptance subset", formatter_class=_DefaultsHelp
+    )
+    _common(inter, "intersyn")
+    _flags(inter, "intersyn", *_INTERSYN)
     inter.set_defaults(handler=_intersyn)
 
     hub = sub.add_parser("hub", help="fixture Hub repositories and a loopback Hub mirror")

@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from puzzletron.cli._args import seed_type
 from puzzletron.cli._demo_vlm import vlm_stage
 from puzzletron.cli._output import add_json, emit
@@ -96,6 +94,8 @@ def _fp(batch: Any) -> str:
 
 def _synthetic(demo: _Demo, st: _Stage) -> None:
     """The batch contract on synthetic samples: pack, shard over DP x CP x PP, reassemble."""
+    import numpy as np
+
     from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec
     from puzzletron.dataset.distributed.sharding import check_sharding
     from puzzletron.dataset.packing import TokenizedSamples, build_batch, plan_packing
@@ -324,9 +324,9 @@ def _run_demo(args: argparse.Namespace) -> int:
             "dropped_samples": len(plan.dropped),
             "dropped_tokens": plan.dropped_tokens,
         }
-    if demo is not None:
+    if demo is not None:  # without --workdir the try-it files went with the temporary folder: not named
         facts["fingerprints"] = [str(b.fingerprint) for b in demo.first_batches]
-        facts |= demo.assets
+        facts |= demo.assets if args.workdir else {}
     facts["stages"] = [{"name": s.name, "status": s.status, "seconds": round(s.seconds, 3)} for s in stages]
     emit("demo", "ok" if code == 0 else "failed", **facts)
     return code

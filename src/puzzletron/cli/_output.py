@@ -17,6 +17,8 @@ key                meaning
 ``image_count``    images
 ``token_count``    tokens
 ``bytes_on_disk``  the size of ``path``
+``error``          why it failed (``status`` ``failed``): the one line said on stderr
+``exit_code``      with ``error``: the exit code (1 a data error, 2 usage, 130 interrupted)
 =================  ===============================================================================
 
 Commands add their own facts under their own names (``adapter``, ``identity_sha256``, ``problems``,
@@ -33,11 +35,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COUNT_KEYS", "add_json", "counts_of", "emit", "folder_facts"]
+__all__ = ["COUNT_KEYS", "CommandFailed", "add_json", "counts_of", "emit", "folder_facts"]
 
 COUNT_KEYS = ("row_count", "sample_count", "image_count", "token_count", "bytes_on_disk")
 # A format that reports its counts in a "counts" mapping (the token store): its names -> the shared keys.
 _NESTED = {"rows": "row_count", "samples": "sample_count", "images": "image_count", "tokens": "token_count"}
+
+
+class CommandFailed(Exception):
+    """A command that cannot go on for a reason that is neither data nor usage (a port in use): said by
+    `puzzletron.cli.main` as one line (and the ``--json`` line), exit ``code``."""
+
+    def __init__(self, message: str, *, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def add_json(parser: argparse.ArgumentParser, *, always: bool = False) -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from puzzletron.cli._args import seed_type
 from puzzletron.cli._output import add_json, emit
 from puzzletron.cli._pack_report_mixture import mixture_report
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["draw_packing", "register"]
 
@@ -30,6 +31,7 @@ def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, title: str = "", 
     ``lengths`` ``[N]`` are the planned samples' token counts (``plan`` indexes into them).
     """
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -98,6 +100,7 @@ def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, title: str = "", 
 def _pack_report(args: argparse.Namespace) -> int:
     """Print the report and write the picture; a bad option raises `ConfigError` before any work."""
     import datasets
+    import numpy as np
 
     from puzzletron.dataset.config import PackingSpec
     from puzzletron.dataset.errors import ConfigError

@@ -1,4 +1,4 @@
-"""`puzzletron-data tokenize SOURCE (--tokenizer DIR | --processor DIR) (--output STORE | --cache-dir DIR)`:
+"""`puzzletron-data tokenize SOURCE (--tokenizer DIR | --processor DIR) [--output STORE | --cache-dir DIR]`:
 build or reuse a token store, or a VLM store.
 
 The command dispatches on the source's format: a conversation subset with ``--processor`` (a Qwen2-VL-family
@@ -10,7 +10,8 @@ snapshot with ``--tokenizer``, as follows.
 Tokenises one split of a text snapshot with the tokenizer's chat template into a token store
 (``docs/token-store-format.md``, `puzzletron.dataset.tokenize.store.build_token_store`). ``--output`` puts
 it exactly there; ``--cache-dir`` reuses a store of the same identity anywhere under that folder (also one
-an earlier ``--output`` put there), else builds one at ``DIR/<identity hash>``: the same lookup
+an earlier ``--output`` put there), else builds one at ``DIR/<identity hash>`` (neither: the per-user
+cache, `puzzletron.dataset.config.default_cache_dir`): the same lookup
 `build_batches(..., cache_dir=DIR)` does, so the two never tokenise twice. Shows a progress bar of rows on
 stderr (only when stderr is a terminal and ``--quiet`` is not given) and prints one JSON line on stdout
 (with or without ``--json``; keys: `puzzletron.cli._output`)::
@@ -151,7 +152,10 @@ def _tokenize_subset(args: argparse.Namespace) -> int:
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    from puzzletron.dataset.config import TokenizeOptions
+    from puzzletron.dataset.config import TokenizeOptions, default_cache_dir
+
+    if args.output is None and args.cache_dir is None:  # the per-user cache (PUZZLETRON_CACHE_DIR)
+        args.cache_dir = str(default_cache_dir())
     from puzzletron.dataset.distributed.collectives import launched_group
     from puzzletron.dataset.errors import ConfigError
     from puzzletron.dataset.formats.subset import SUBSET_FORMAT
@@ -216,7 +220,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="subset: local processor directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)",
     )
-    where = parser.add_mutually_exclusive_group(required=True)
+    where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--output",
         default=None,
@@ -228,7 +232,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         default=None,
         help="reuse the store of this identity anywhere under DIR, else build DIR/<identity hash> "
-        "(build_batches' cache_dir; an URL too)",
+        "(build_batches' cache_dir; an URL too; neither option: $PUZZLETRON_CACHE_DIR, default "
+        "~/.cache/puzzletron/stores)",
     )
     parser.add_argument("--split", default="train", help="split to tokenise (default train)")
     parser.add_argument("--num-proc", type=_positive, default=1, help="worker processes (default 1)")

@@ -7,7 +7,8 @@ are never accepted as ints (``True`` is an ``int`` in Python, never a sensible c
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+import inspect
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -16,6 +17,7 @@ __all__ = [
     "did_you_mean",
     "is_int",
     "plain_mapping",
+    "refuse_unknown",
     "require_bool",
     "require_int",
     "require_positive",
@@ -112,6 +114,28 @@ def did_you_mean(key: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``known``, or ``""``."""
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def refuse_unknown(function: Callable[..., Any], unknown: Iterable[str]) -> None:
+    """A `TypeError` (what Python raises for an unexpected keyword) naming each of `unknown` with the closest
+    named parameter of `function` and all of them, so a YAML typo in a Hydra ``_target_``'s keys says what
+    was meant; nothing when `unknown` is empty. The one behaviour of every entry point that takes
+    ``**unknown`` (the AutoModel factories), as `PuzzletronDataSpec.from_mapping` for the ``data:`` block.
+
+    >>> def load(path, *, size=None, **unknown): ...
+    >>> refuse_unknown(load, ["sise"])
+    Traceback (most recent call last):
+    TypeError: load() got unknown option(s): 'sise' (did you mean 'size'?); accepted options are path, size
+    """
+    unknown = sorted(unknown)
+    if not unknown:
+        return
+    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    named = [p.name for p in inspect.signature(function).parameters.values() if p.kind not in kinds]
+    hints = ", ".join(f"{name!r}{did_you_mean(name, named)}" for name in unknown)
+    raise TypeError(
+        f"{function.__name__}() got unknown option(s): {hints}; accepted options are {', '.join(named)}"
+    )
 
 
 def plain_mapping(raw: Mapping[Any, Any], name: str, *, error: type[Exception]) -> dict[Any, Any]:

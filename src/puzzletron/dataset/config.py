@@ -20,9 +20,11 @@ Every message names the config key (``data.packing.pack_size`` ...) and what was
 from __future__ import annotations
 
 import math
+import os
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset._checks import (
@@ -37,13 +39,16 @@ from puzzletron.dataset._enums import DataLayout, Modality
 from puzzletron.dataset.errors import ConfigError
 
 __all__ = [
+    "CACHE_DIR_ENV",
     "LONG_SAMPLE_POLICIES",
     "MAX_ROW_BYTES",
     "MAX_TURN_BYTES",
     "PackingSpec",
     "PuzzletronDataSpec",
     "TokenizeOptions",
+    "as_spec",
     "check_size_limits",
+    "default_cache_dir",
 ]
 
 # Size bounds of Hub text (docs/trust-model.md, "Size bounds"): the UTF-8 bytes of one turn's text, and of
@@ -239,6 +244,41 @@ class PuzzletronDataSpec:
         extras = {str(k): v for k, v in raw.items() if k not in _SPEC_KEYS}
         object.__setattr__(spec, "extras", types.MappingProxyType(extras))
         return spec
+
+
+CACHE_DIR_ENV = "PUZZLETRON_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """Where a store is built or found when a caller names no ``cache_dir`` and the source must be tokenised
+    (a subset given to `build_vlm_batches` or the VLM factory): ``PUZZLETRON_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/puzzletron/stores`` (``~/.cache/puzzletron/stores``), per user as `datasets` and
+    `huggingface_hub` keep theirs (the object cache is ``.../puzzletron/objects``). Read at every call."""
+    named = os.environ.get(CACHE_DIR_ENV)
+    if named:
+        return Path(named)
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "puzzletron", "stores")
+
+
+def as_spec(spec: Any, *, owner: str) -> PuzzletronDataSpec:
+    """``spec`` as a `PuzzletronDataSpec`: one as it is, a ``data:`` mapping (a dict, an OmegaConf
+    ``DictConfig``) through `PuzzletronDataSpec.from_mapping`; anything else a `ConfigError` naming `owner`.
+    Every entry point that takes a spec takes it through here.
+
+    >>> as_spec({"modality": "text", "layout": "fixed", "max_sample_length": 8}, owner="f").layout.value
+    'fixed'
+    >>> as_spec("packed", owner="build_batches")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    puzzletron.dataset.errors.ConfigError: build_batches: spec must be a PuzzletronDataSpec or ...; got str
+    """
+    if isinstance(spec, PuzzletronDataSpec):
+        return spec
+    if isinstance(spec, Mapping):
+        return PuzzletronDataSpec.from_mapping(spec)
+    raise ConfigError(
+        f"{owner}: spec must be a PuzzletronDataSpec or a data: mapping (PuzzletronDataSpec.from_mapping); "
+        f"got {type(spec).__name__}"
+    )
 
 
 @dataclass(frozen=True)

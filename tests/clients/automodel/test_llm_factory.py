@@ -116,7 +116,7 @@ def test_with_a_cache_dir_the_recipe_reads_a_token_store_built_once(
 ) -> None:
     """AutoModel builds the dataset on every rank and every run: with ``cache_dir`` only the first call
     tokenises; the rows are the in-memory ones, and the store alone (no tokenizer) gives them too."""
-    from puzzletron.dataset.pipelines import text as pipeline
+    from puzzletron.dataset.pipelines import _core as pipeline
     from puzzletron.dataset.tokenize import store as build_store
 
     in_memory = _items(_make(snapshot, seq_length=96, seed=5))
@@ -131,3 +131,23 @@ def test_with_a_cache_dir_the_recipe_reads_a_token_store_built_once(
     again = _items(_make(snapshot, seq_length=96, seed=5, cache_dir=tmp_path / "stores"))
     from_store = _items(make_puzzletron_chat_dataset(store, seq_length=96, seed=5))  # no tokenizer_path
     assert _same(first, in_memory) and _same(again, in_memory) and _same(from_store, in_memory)
+
+
+def test_a_yaml_typo_is_a_type_error_naming_the_option_meant(snapshot: dict[str, Path]) -> None:
+    """The LLM factory says "did you mean" as the VLM factory does (one helper: `refuse_unknown`), through
+    Hydra as well; before, it was Python's bare "unexpected keyword argument"."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    target = "puzzletron.dataset.clients.automodel.make_puzzletron_chat_dataset"
+    cfg = OmegaConf.create(
+        {"_target_": target, "dataset_path": str(snapshot["path"]), "tokeniser_path": "x", "seq_length": 64}
+    )
+    with pytest.raises(Exception, match=r"'tokeniser_path' \(did you mean 'tokenizer_path'\?\)") as info:
+        instantiate(cfg)
+    cause = info.value if isinstance(info.value, TypeError) else info.value.__cause__
+    assert isinstance(cause, TypeError)
+    with pytest.raises(
+        TypeError, match=r"got unknown option\(s\): 'seq_len' \(did you mean 'seq_length'\?\)"
+    ):
+        _make(snapshot, seq_len=64)

@@ -68,11 +68,22 @@ def test_a_processor_and_cache_dir_build_the_store_for_the_hints(
     assert len(list((tmp_path / "stores").iterdir())) == 1
 
 
+def test_a_processor_without_cache_dir_builds_in_the_per_user_cache(
+    vlm_subset: Path, processor_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: refused ("processor_path and cache_dir go together")."""
+    monkeypatch.setenv("PUZZLETRON_CACHE_DIR", str(tmp_path / "per-user"))
+    dataset = load_materialized_conversation_dataset(
+        vlm_subset, processor_path=processor_dirs["qwen3_vl"], num_samples=4
+    )
+    assert dataset[0]["_text_tokens"] > 0 and len(list((tmp_path / "per-user").iterdir())) == 1
+
+
 def test_hint_options_are_checked(
     vlm_subset: Path, vlm_stores: dict[str, Path], processor_dirs, tmp_path
 ) -> None:
-    with pytest.raises(ConfigError, match="processor_path and cache_dir go together"):
-        load_materialized_conversation_dataset(vlm_subset, processor_path=processor_dirs["qwen3_vl"])
+    with pytest.raises(ConfigError, match="cache_dir goes with processor_path"):
+        load_materialized_conversation_dataset(vlm_subset, cache_dir=tmp_path / "stores")
     with pytest.raises(ConfigError, match="need a subset directory"):
         load_materialized_conversation_dataset([{"conversation": []}], vlm_store=vlm_stores["qwen3_vl"])
     from _vlm_data import make_subset

@@ -326,6 +326,19 @@ def forward_kwargs(
     return _dense(batch, backend, mask, dtype)
 
 
+def _refuse_text_model(batch: PuzzletronBatch, model: Any) -> None:
+    """`ConfigError` for a multimodal batch and a model whose config has no ``vision_config`` (no vision
+    tower): it would end in a rotary-embedding shape error deep inside the model (mRoPE ``[3, B, T]``)."""
+    config = getattr(model, "config", None)
+    if Modality(batch.modality) is Modality.MULTIMODAL and getattr(config, "vision_config", None) is None:
+        kind = getattr(config, "model_type", None) or "no model_type"
+        raise ConfigError(
+            f"model_inputs: a multimodal batch (images, [3, B, T] positions) for {type(model).__name__} "
+            f"({kind}), a model without a vision tower (its config has no vision_config): feed it text "
+            "batches (build_batches), or give this batch to the VLM its store was built for"
+        )
+
+
 def _for_model(model: Any, backend: str | None, dtype: torch.dtype | None) -> tuple[str, torch.dtype | None]:
     """``(backend, dtype)`` for ``model`` (`model_backend`, `model_dtype`): given values must agree."""
     theirs = model_backend(model)
@@ -359,7 +372,8 @@ def model_inputs(
     ``model`` (recommended): the HF model the inputs are for. ``backend`` is then read from its config (the
     attention its text layers run) and ``dtype`` is its dtype for an eager mask; a ``backend`` or ``dtype``
     given as well must agree (`ConfigError` otherwise: a bool mask on an eager model, or a float32 mask on a
-    float64 one, is silently wrong). Without ``model``, ``backend`` defaults to ``"sdpa"``.
+    float64 one, is silently wrong); a multimodal batch for a model without a vision tower is refused,
+    naming both. Without ``model``, ``backend`` defaults to ``"sdpa"``.
 
     Holds the batch's ``model_kwargs`` (``input_ids`` ``[B, T]``, or ``inputs_embeds`` ``[B, T, H]``
     instead when the batch has them, then without media; media such as ``pixel_values`` ``[patches, C*P*P]``,
@@ -396,6 +410,7 @@ def model_inputs(
             "forward_kwargs for te_thd and megatron"
         )
     if model is not None:
+        _refuse_text_model(batch, model)
         backend, dtype = _for_model(model, backend, dtype)
     backend = backend or "sdpa"
     kwargs = batch.model_kwargs

@@ -25,7 +25,7 @@ from puzzletron.dataset.batch import (
     token_targets,
 )
 from puzzletron.dataset.batch.segments import canonical_packed_ids
-from puzzletron.dataset.config import PuzzletronDataSpec
+from puzzletron.dataset.config import PuzzletronDataSpec, as_spec
 from puzzletron.dataset.errors import PackingError
 from puzzletron.dataset.packing._units import Units
 from puzzletron.dataset.packing.sources import SampleSource, ragged
@@ -105,6 +105,7 @@ def build_batch(
     ``seq_ids`` order. With ``units`` (a plan's cut long samples) the rows index units, each packed as a
     document of its own whose last label is -100.
     """
+    spec = as_spec(spec, owner="build_batch")
     if pad_to_multiple_of < 1:
         raise PackingError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
     spans = Spans.of_rows(samples, rows, units)

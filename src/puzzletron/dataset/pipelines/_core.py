@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions
+from puzzletron.dataset.config import CACHE_DIR_ENV, PuzzletronDataSpec, TokenizeOptions, default_cache_dir
 from puzzletron.dataset.distributed import DistributedPackSampler
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import MANIFEST, detect
@@ -180,6 +180,8 @@ def text_component(source: str | Path | Any, how: SourceOptions) -> Component:
     path = Path(source) if isinstance(source, str | Path) else None
     if path is not None and is_token_store(path):
         return _from_store(TokenStore(path))
+    if store_format(path) in (SUBSET_FORMAT, VLM_STORE_FORMAT):
+        raise ConfigError(f"build_batches: {source} is a {store_format(path)}: build_vlm_batches reads it")
     if tokenizer is None:
         raise ConfigError(f"build_batches: tokenizer is required to tokenise {source!r} (not a token store)")
     if cache_dir is not None:
@@ -229,15 +231,25 @@ def vlm_component(source: str | Path, how: SourceOptions) -> Component:
     images_from = Path(os.path.abspath(subset)) if subset is not None else None
     fmt = store_format(root)
     if fmt == VLM_STORE_FORMAT:
-        store = VlmStore(root)
+        store = VlmStore(root)  # no subset=: the one it was built from, if still there unchanged
+        images_from = images_from if images_from is not None else store.recorded_subset()
     elif fmt != SUBSET_FORMAT:
-        raise ConfigError(f"build_vlm_batches: {root} is neither a conversation subset nor a VLM store")
-    elif processor is None or cache_dir is None:
+        what = f"a {fmt}: build_batches reads it" if fmt else "not a snapshot or store of a known format"
+        raise ConfigError(f"build_vlm_batches: {root} is {what}; it reads a conversation subset or VLM store")
+    elif processor is None:
         raise ConfigError(
-            f"build_vlm_batches: {root} is a subset: give processor= and cache_dir= (the VLM store is "
-            "built there once), or pass a VLM store folder"
+            f"build_vlm_batches: {root} is a subset: give processor= (its VLM store is built once in "
+            "cache_dir, by default default_cache_dir()), or pass a VLM store folder"
         )
     else:
+        if cache_dir is None:
+            cache_dir = default_cache_dir()
+            LOG.info(
+                "no cache_dir: the VLM store of %s is found or built under %s (%s)",
+                root,
+                cache_dir,
+                CACHE_DIR_ENV,
+            )
         built = build_vlm_store(
             root,
             processor=processor,

@@ -34,7 +34,7 @@ import torch
 
 from puzzletron.dataset._checks import require_positive
 from puzzletron.dataset.batch import Modality
-from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions
+from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions, as_spec
 from puzzletron.dataset.distributed.mixture_sampler import MixtureSampler
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.subset import SUBSET_FORMAT
@@ -173,6 +173,7 @@ def build_mixture_batches(
     ``batch_size``, ``seed``, ``drop_last``, ``pad_to_multiple_of`` and ``pixel_dtype`` as in
     `build_batches` / `build_vlm_batches`; ``spec.modality`` multimodal for a mixture with images.
     """
+    spec = as_spec(spec, owner="build_mixture_batches")
     multimodal = Modality(spec.modality) is Modality.MULTIMODAL
     if not isinstance(sources, Mapping) or not sources:
         raise ConfigError("sources must map each component name to its store, snapshot or subset")

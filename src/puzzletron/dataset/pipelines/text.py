@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.batch import Modality
-from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions
+from puzzletron.dataset.config import PuzzletronDataSpec, TokenizeOptions, as_spec
 from puzzletron.dataset.distributed import PackedBatches
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.text_snapshot import load_text_split
@@ -99,6 +99,7 @@ def build_batches(
     ``.<store name>.plans`` beside the store, for a store at an URL ``plans/`` in the node's object cache
     (planned in memory when that folder cannot be written).
     """
+    spec = as_spec(spec, owner="build_batches")
     if Modality(spec.modality) is not Modality.TEXT:
         raise ConfigError(
             f"build_batches builds text batches; data.modality is {Modality(spec.modality).value}"

@@ -31,7 +31,7 @@ import torch
 
 from puzzletron.dataset._checks import require_positive
 from puzzletron.dataset.batch import Modality
-from puzzletron.dataset.config import PuzzletronDataSpec
+from puzzletron.dataset.config import PuzzletronDataSpec, as_spec
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.vlm_store import VlmStore
 from puzzletron.dataset.pipelines._batches import RankBatches
@@ -79,10 +79,13 @@ def build_vlm_batches(
 ) -> VlmBatches:
     """Subset (or VLM store) + processor + `PuzzletronDataSpec` -> this DP rank's multimodal batches.
 
-    ``source``: a conversation subset folder (then ``processor`` and ``cache_dir`` build or reuse its VLM
-    store there; ``num_proc`` processes, ``rows_per_shard`` part of its identity) or a VLM store folder
-    (planning then needs no processor; building batches needs ``processor`` and ``subset``, the subset the
-    store was built from, whose images it reads). ``processor``: an HF processor object or a local
+    ``source``: a conversation subset folder (then ``processor`` builds or reuses its VLM store in
+    ``cache_dir``, by default `default_cache_dir` (``PUZZLETRON_CACHE_DIR``, logged); ``num_proc``
+    processes, ``rows_per_shard`` part of its identity) or a VLM store folder (planning then needs no
+    processor; building batches needs ``processor`` and the subset the store was built from, whose images it
+    reads: by default where it was then, recorded in the store and checked by its manifest's SHA-256;
+    ``subset=`` for one that moved). ``spec``: a `PuzzletronDataSpec` or its ``data:`` mapping.
+    ``processor``: an HF processor object or a local
     directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); it must be the store's. ``spec.modality`` is multimodal;
     layouts as in `build_batches` (``pad_to_multiple_of`` for ``padded_varlen``). ``batch_size`` rows per
     batch per rank; ``seed`` orders the packs and the epochs' deals; ``balance`` evens image and real tokens
@@ -92,6 +95,7 @@ def build_vlm_batches(
     ``plan_cache``, by default ``cache_dir/.plans``, else ``.<store name>.plans`` beside the store (planned
     in memory when that folder cannot be written).
     """
+    spec = as_spec(spec, owner="build_vlm_batches")
     if Modality(spec.modality) is not Modality.MULTIMODAL:
         raise ConfigError(
             f"build_vlm_batches builds multimodal batches; data.modality is {Modality(spec.modality).value}"

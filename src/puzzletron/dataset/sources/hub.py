@@ -55,6 +55,7 @@ __all__ = [
     "is_commit_sha",
     "iter_parquet_tables",
     "list_files",
+    "log_through_application",
     "read_member",
     "resolve_revision",
     "set_progress_bars",
@@ -88,6 +89,17 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
     )
     return Path(home) / "hub"
+
+
+def log_through_application() -> None:
+    """Let `huggingface_hub`'s records (its retry warnings) reach stderr once, through the application's
+    handlers: it gives its library logger a stderr handler of its own at import *and* lets records
+    propagate, so under an application that configured logging (the command line) each one printed twice,
+    bare and prefixed. Its handler is removed; its level (``HF_HUB_VERBOSITY``) stays."""
+    library = logging.getLogger("huggingface_hub")
+    for handler in list(library.handlers):
+        if type(handler) is logging.StreamHandler:
+            library.removeHandler(handler)
 
 
 def set_progress_bars(enabled: bool) -> None:

@@ -295,7 +295,7 @@ def materialize_nemotron_vlm_dataset(
         "materialized_rows": dict.fromkeys(spec.subsets, 0),
         "redistributed_rows": dict.fromkeys(spec.subsets, 0),
     }
-    if sample_loader is None:
+    if sample_loader is None and recorded is None:  # reuse makes no request: the subset names were checked
         check_subsets(spec.source, revision, spec.subsets)
     samples = _RoundRobin(spec, revision, sample_loader or hub_vlm_rows, diagnostics, quotas)
     return materialize_normalized_conversation_samples(

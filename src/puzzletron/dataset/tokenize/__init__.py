@@ -26,6 +26,7 @@ from puzzletron.dataset.tokenize.conversations import (
     tokenize_conversations,
     tokenize_rows,
 )
+from puzzletron.dataset.tokenize.hf_processor import load_hf_processor
 from puzzletron.dataset.tokenize.identity import (
     identity_sha256,
     short_hash,
@@ -49,6 +50,7 @@ __all__ = [
     "find_store",
     "identity_sha256",
     "labels_from_mask",
+    "load_hf_processor",
     "load_tokenizer",
     "map_tasks",
     "pad_token_id",

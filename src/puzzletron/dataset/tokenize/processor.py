@@ -199,6 +199,11 @@ def vlm_processor(processor: str | Path | Any) -> VlmProcessor:
         return processor
     if not isinstance(processor, str | Path):
         name = type(processor).__name__
+        if not hasattr(processor, "image_processor") and hasattr(processor, "convert_tokens_to_ids"):
+            raise ConfigError(
+                f"processor {name} is a tokenizer, not a processor (no image processor): give the processor "
+                "folder, or the HF processor object load_hf_processor(folder) builds (tokenize.hf_processor)"
+            )
         tokenizer = getattr(processor, "tokenizer", None)
         image_processor = getattr(processor, "image_processor", None)
         return _parts(tokenizer, image_processor, getattr(processor, "chat_template", None), name)

@@ -38,6 +38,7 @@ from puzzletron.dataset.errors import ConfigError, ConversationError, SnapshotEr
 from puzzletron.dataset.formats.binary import ragged_arange
 from puzzletron.dataset.formats.subset import SubsetReader, image_items, read_manifest
 from puzzletron.dataset.formats.vlm_store import (
+    SUBSET_PATH,
     VlmShardWriter,
     assemble_vlm_store,
     read_complete_manifest,
@@ -154,6 +155,7 @@ class _VlmBuild(ShardedBuild):
         return {
             "identity": self.identity,
             "identity_sha256": self.digest,
+            SUBSET_PATH: str(self.subset),  # where batches read its images by default (checked by SHA-256)
             "processor": processor,
             "built_with": tokens["built_with"],
             "tokens": tokens,

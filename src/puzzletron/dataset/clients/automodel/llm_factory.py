@@ -23,9 +23,9 @@ With ``cache_dir`` (or a token store as ``dataset_path``) the recipe reads a tok
 every rank tokenises the split in memory on every run.
 
 Or a ``data:`` block instead of ``layout``/``seq_length``: ``data: {modality: text, layout: ...,
-max_sample_length: ..., packing: {pack_size: ...}}`` (`PuzzletronDataSpec.from_mapping`). AutoModel resolves
-``_target_`` outside its own packages only for imported modules: set ``NEMO_ENABLE_USER_MODULES=1`` (or import
-this module before loading the config).
+max_sample_length: ..., packing: {pack_size: ...}}`` (`PuzzletronDataSpec.from_mapping`). AutoModel 0.7.0
+resolves any importable ``_target_`` (``NEMO_ENABLE_USER_MODULES=1`` is needed only for a ``file.py:name``
+target or a private name).
 
 The recipe (``recipes/llm/train_ft.py``, AutoModel 0.7.0) calls the target with the YAML keys only, plus
 ``tokenizer=`` when the target declares that parameter. This one does not: AutoModel's tokenizer wrapper
@@ -57,9 +57,15 @@ from typing import Any
 
 import torch
 
-from puzzletron.dataset._checks import require_bool, require_int, require_positive, require_seed
+from puzzletron.dataset._checks import (
+    refuse_unknown,
+    require_bool,
+    require_int,
+    require_positive,
+    require_seed,
+)
 from puzzletron.dataset.batch import IGNORE_INDEX, DataLayout, Modality, PuzzletronBatch
-from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
+from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions, as_spec
 from puzzletron.dataset.distributed import BatchKey
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.pipelines.text import TextBatches, build_batches, is_token_store
@@ -127,7 +133,7 @@ def resolve_text_spec(
     if data is not None:
         if layout is not None or pack_size is not None:
             raise ConfigError("give either data: (a PuzzletronDataSpec block) or layout/pack_size, not both")
-        spec = data if isinstance(data, PuzzletronDataSpec) else PuzzletronDataSpec.from_mapping(data)
+        spec = as_spec(data, owner="make_puzzletron_chat_dataset(data=)")
         if seq_length is not None and seq_length != spec.sequence_length:
             raise ConfigError(
                 f"seq_length={seq_length} disagrees with the data block's row length {spec.sequence_length}"
@@ -172,6 +178,7 @@ def make_puzzletron_chat_dataset(
     num_proc: int = 1,
     options: Mapping[str, Any] | TokenizeOptions | None = None,
     cache_dir: str | Path | None = None,
+    **unknown: Any,
 ) -> ChatRows:
     """AutoModel LLM dataset `_target_`: a text snapshot -> `ChatRows` in one `PuzzletronDataSpec` layout.
 
@@ -188,8 +195,10 @@ def make_puzzletron_chat_dataset(
     ``num_samples``: keep the first N items (packs for ``packed_varlen``, samples otherwise); more than
     there are is an error.
     A superset of the original ``make_puzzletron_chat_dataset(dataset_path, split, seq_length, seed,
-    num_samples)``: the added options are keyword-only.
+    num_samples)``: the added options are keyword-only. Any other key (a YAML typo) is a `TypeError` naming
+    the closest option (`refuse_unknown`, as the VLM factory does).
     """
+    refuse_unknown(make_puzzletron_chat_dataset, unknown)
     if tokenizer_path is None and not is_token_store(dataset_path):
         raise ConfigError(
             f"tokenizer_path is required: {dataset_path} is not a token store, and its conversations are "

@@ -17,9 +17,10 @@ Length hints for AutoModel's neat VLM packing (``_estimate_sample_length`` in
 ``nemo_automodel/components/datasets/vlm/neat_packing_vlm.py``, which reads exactly these keys): items of a
 subset folder carry ``mm_inputs_meta = {"images_meta": [[height, width], ...]}`` (lists, height first; the
 subset manifest's sizes), so AutoModel resizes each image with the processor's pixel limits instead of
-guessing 500 tokens. Given the subset's VLM store (``vlm_store``, or ``processor_path`` + ``cache_dir`` to
-build or reuse it, `puzzletron.dataset.tokenize.vlm_store`), items also carry ``_text_tokens``: every
-non-image token of the sample's templated sequence, exact, so AutoModel's estimate is the true length::
+guessing 500 tokens. Given the subset's VLM store (``vlm_store``, or ``processor_path`` + ``cache_dir``, by
+default `puzzletron.dataset.config.default_cache_dir`, to build or reuse it:
+`puzzletron.dataset.tokenize.vlm_store`), items also carry ``_text_tokens``: every non-image token of the
+sample's templated sequence, exact, so AutoModel's estimate is the true length::
 
     dataset:
       _target_: puzzletron.dataset.load_materialized_conversation_dataset
@@ -39,7 +40,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from puzzletron.dataset._checks import did_you_mean, require_bool, require_int
+from puzzletron.dataset._checks import refuse_unknown, require_bool, require_int
+from puzzletron.dataset.config import default_cache_dir
 from puzzletron.dataset.errors import ConfigError, ConversationError, SnapshotError
 from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
 from puzzletron.dataset.formats.subset.reader import SubsetReader, subset_manifest
@@ -53,18 +55,6 @@ __all__ = [
     "load_materialized_conversation_dataset",
     "round_robin_order",
 ]
-
-_OPTIONS = (
-    "num_samples",
-    "seq_length",
-    "pretokenize",
-    "truncate",
-    "inject_fake_images",
-    "max_length",
-    "vlm_store",
-    "processor_path",
-    "cache_dir",
-)
 
 
 def round_robin_order(groups: Sequence[int]) -> list[int]:
@@ -190,15 +180,9 @@ def load_materialized_conversation_dataset(
     `path_or_dataset` is a subset directory or an in-memory sequence of normalised samples. Items of a
     subset directory carry AutoModel's length hints (module docstring): ``mm_inputs_meta`` always,
     ``_text_tokens`` from ``vlm_store`` (the subset's VLM store) or from the store ``processor_path`` builds
-    or reuses in ``cache_dir``.
+    or reuses in ``cache_dir`` (by default `default_cache_dir`: ``PUZZLETRON_CACHE_DIR``).
     """
-    if unknown:
-        hints = [f"{name!r}{did_you_mean(name, (*_OPTIONS, 'path_or_dataset'))}" for name in sorted(unknown)]
-        raise TypeError(  # the seed API: an unknown keyword is a TypeError, as for any Python call
-            "load_materialized_conversation_dataset() got unknown option(s): "
-            + ", ".join(hints)
-            + f"; accepted options are {', '.join(_OPTIONS)}"
-        )
+    refuse_unknown(load_materialized_conversation_dataset, unknown)  # the seed API: a TypeError
     for name, value in (("num_samples", num_samples), ("seq_length", seq_length), ("max_length", max_length)):
         if value is not None:
             require_int(value, name, minimum=1, error=ConfigError)
@@ -213,14 +197,13 @@ def load_materialized_conversation_dataset(
     if isinstance(path_or_dataset, str | Path):
         samples: Sequence[Mapping[str, Any]] = SubsetReader(path_or_dataset)
         groups = samples.groups()
-        if (processor_path is None) != (cache_dir is None):
-            raise ConfigError(
-                "processor_path and cache_dir go together (the VLM store is built in cache_dir)"
-            )
+        if cache_dir is not None and processor_path is None:
+            raise ConfigError("cache_dir goes with processor_path (the VLM store it builds or finds there)")
         if processor_path is not None:
             if vlm_store is not None:
-                raise ConfigError("give vlm_store or processor_path + cache_dir, not both")
-            vlm_store = build_vlm_store(path_or_dataset, processor=processor_path, cache_dir=cache_dir)
+                raise ConfigError("give vlm_store or processor_path (+ cache_dir), not both")
+            cache = cache_dir if cache_dir is not None else default_cache_dir()
+            vlm_store = build_vlm_store(path_or_dataset, processor=processor_path, cache_dir=cache)
         hints = length_hints(samples, VlmStore(vlm_store) if vlm_store is not None else None)
     elif isinstance(path_or_dataset, Sequence):
         if vlm_store is not None or processor_path is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from puzzletron.dataset.formats.vlm_store._layout import (
     MEDIA_END,
     SKIP_REASONS,
+    SUBSET_PATH,
     TOKENS_MANIFEST,
     VLM_STORE_FORMAT,
     VLM_STORE_VERSION,
@@ -26,6 +27,7 @@ from puzzletron.dataset.formats.vlm_store.writer import (
 __all__ = [
     "MEDIA_END",
     "SKIP_REASONS",
+    "SUBSET_PATH",
     "TOKENS_MANIFEST",
     "VLM_STORE_FORMAT",
     "VLM_STORE_VERSION",

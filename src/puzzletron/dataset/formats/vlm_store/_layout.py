@@ -77,6 +77,7 @@ _KEYS = {
     "block_checksums", "built_with", "counts", "files", "format", "identity", "identity_sha256",
     "processor", "version",
 }  # fmt: skip
+SUBSET_PATH = "subset_path"  # optional: where the subset was when the store was built (a hint, checked)
 _COUNTS = ("rows", "samples", "skipped", "images", "image_tokens")
 _PROCESSOR_INTS = ("image_token_id", "patch_size", "merge_size", "temporal_patch_size")
 _PROCESSOR_KEYS = {"image_processor", "image_token", "min_pixels", "max_pixels", *_PROCESSOR_INTS}
@@ -142,9 +143,12 @@ def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
     format and version, identity and its hash, processor facts, counts, block checksums, file records.
     `SnapshotError` naming the first field that is wrong. Reads nothing else."""
     check_store_header(manifest, where, fmt=VLM_STORE_FORMAT, version=VLM_STORE_VERSION, what="VLM store")
-    if set(manifest) != _KEYS:
-        raise SnapshotError(f"{where}: keys {sorted(_KEYS - set(manifest))} are missing and "
-                            f"{sorted(set(manifest) - _KEYS, key=str)} unexpected")  # fmt: skip
+    keys = set(manifest) - {SUBSET_PATH}
+    if keys != _KEYS:
+        raise SnapshotError(f"{where}: keys {sorted(_KEYS - keys)} are missing and "
+                            f"{sorted(keys - _KEYS, key=str)} unexpected")  # fmt: skip
+    if not isinstance(manifest.get(SUBSET_PATH, ""), str):
+        raise SnapshotError(f"{where}: {SUBSET_PATH} is {manifest[SUBSET_PATH]!r:.80}; expected a path")
     identity = manifest["identity"]
     if not isinstance(identity, Mapping) or identity.get("format") != VLM_STORE_FORMAT:
         raise SnapshotError(f"{where}: identity is {identity!r:.80}; expected a VLM store identity")

@@ -28,6 +28,7 @@ import numpy as np
 
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
+from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
 from puzzletron.dataset.formats.token_store import TokenStore, read_strings
 from puzzletron.dataset.formats.vlm_store import _layout as layout
 from puzzletron.dataset.formats.vlm_store._layout import VLM_STORE_FORMAT, VLM_STORE_VERSION
@@ -76,6 +77,19 @@ class VlmStore:
             self._files, layout.block_files(self.manifest), np.frombuffer(raw, "<u8"), where=str(self.path)
         )
         self._arrays: dict[str, np.ndarray] = {}
+
+    def recorded_subset(self) -> Path | None:
+        """The subset the store was built from where it was then (the manifest's ``subset_path``), if it is
+        still that subset there (its ``manifest.json`` has the SHA-256 the identity records); else None."""
+        recorded = self.manifest.get(layout.SUBSET_PATH)
+        if not recorded:
+            return None
+        manifest = Path(recorded) / MANIFEST
+        wanted = self.manifest["identity"]["subset"]["manifest_sha256"]
+        try:
+            return Path(recorded) if manifest.is_file() and sha256_file(manifest) == wanted else None
+        except OSError:  # unreadable there now: as good as moved
+            return None
 
     def __len__(self) -> int:
         return len(self.tokens)
