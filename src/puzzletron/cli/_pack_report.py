@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from puzzletron.cli._args import seed_type
 from puzzletron.cli._output import add_json, emit
-from puzzletron.cli._pack_report_mixture import mixture_report
 
 if TYPE_CHECKING:
     import numpy as np
@@ -111,6 +110,8 @@ def _pack_report(args: argparse.Namespace) -> int:
 
     datasets.disable_progress_bars()
     if args.mixture is not None:
+        from puzzletron.cli._pack_report_mixture import mixture_report
+
         return mixture_report(args)
     if args.snapshot is None or args.pack_size is None:
         raise ConfigError("pack-report needs SNAPSHOT and --pack-size (or --mixture CONFIG)")
