@@ -112,6 +112,9 @@ def step_cursors(
         ends = np.append(ends, n)  # the tail step
     owed = np.searchsorted(queues.image_positions, ends)  # image rows of the stream by each step's end
     images = i0 + np.maximum(0, d * np.floor((owed - i0) / d + 0.5).astype(np.int64))
+    # A resume from another DP size may find the image rows behind the stream by more than a step holds:
+    # they catch up by at most a step's rows a step (after the first step the target moves <= g a step).
+    images = np.minimum(images, i0 + g * np.arange(1, ends.shape[0] + 1))
     images = np.maximum(np.minimum(images, m), ends - t)  # a queue that runs out: take from the other
     images = np.maximum.accumulate(np.concatenate([[i0], images]))
     return np.stack([images, np.concatenate([[n0], ends]) - images], axis=1)
