@@ -96,6 +96,21 @@ def test_a_store_is_reused_without_loading_the_tokenizer_or_tokenising(
     assert sorted(p.name for p in cache.iterdir()) == [path.name]
 
 
+def test_a_template_edited_between_two_builds_in_one_process_gives_the_new_templates_tokens(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    tok = Path(shutil.copytree(tokenizer_dir, tmp_path / "tok"))
+    first = TokenStore(_build(snapshot, tok, cache_dir=tmp_path / "cache", split="validation"))
+    template = tok / "chat_template.jinja"
+    template.write_text("{{ 'Be brief.' }}" + template.read_text())  # the same path, another template
+    second = TokenStore(_build(snapshot, tok, cache_dir=tmp_path / "cache", split="validation"))
+    fresh = AutoTokenizer.from_pretrained(tok)  # loaded here, not from any per-process cache
+    prefix = fresh("Be brief.", add_special_tokens=False)["input_ids"]
+    assert second.path != first.path
+    assert list(second.tokens(0)[: len(prefix)]) == prefix
+    assert list(first.tokens(0)[: len(prefix)]) != prefix
+
+
 def _edited_tokenizer(tokenizer_dir: Path, out: Path, edit) -> Path:
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     edit(tok)
