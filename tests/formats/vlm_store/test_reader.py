@@ -140,7 +140,8 @@ def test_a_truncated_or_missing_file_fails_verify_and_the_reader_refuses_to_open
 
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("version", 1, "VLM store version 1 is not supported"),
-    ("version", 3, "VLM store version 3 is not supported"),
+    ("version", 2, "VLM store version 2 is not supported"),
+    ("version", 4, "VLM store version 4 is not supported"),
     ("format", "puzzletron-token-store", "not a VLM store"),
 ])  # fmt: skip
 def test_the_reader_refuses_another_version_or_format(

@@ -142,13 +142,7 @@ class _VlmBuild(ShardedBuild):
 
     def manifest_fields(self, facts: StoreFacts) -> dict[str, Any]:
         """The VLM manifest's fields, and (``tokens``) those of the token store in ``tokens/``."""
-        parts = vlm_processor(self.processor)
-        processor = {
-            "image_processor": type(parts.image_processor).__name__,
-            "image_token": parts.image_token,
-            "image_token_id": parts.image_token_id,
-            **parts.grid.facts(),
-        }
+        processor = vlm_processor(self.processor).facts()
         tokens = super().manifest_fields(facts)
         inner = token_identity(self.identity)
         tokens |= {"identity": inner, "identity_sha256": identity_sha256(inner)}
