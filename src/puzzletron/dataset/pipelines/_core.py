@@ -46,6 +46,7 @@ from puzzletron.dataset.tokenize import (
     tokenize_conversations,
     vlm_processor,
 )
+from puzzletron.dataset.tokenize.matching import store_for_call
 
 __all__ = [
     "Component",
@@ -156,18 +157,20 @@ def text_component(
 ) -> Component:
     """The tokenised samples of ``source``: a token store (given, or built/reused in ``cache_dir``), else
     tokenised in memory; with ``report``, logged (`puzzletron.dataset.pipelines._report`)."""
+    asked = {"split": split, "tokenizer": tokenizer, "cache_dir": cache_dir}  # a store must be the call's
     if is_url(source):
         if not is_token_store(source):
             raise SnapshotError(
                 f"{source}: not a token store; build_batches reads token stores at URLs (build one with "
                 "`puzzletron-data tokenize SNAPSHOT --output URL` or cache_dir=URL)"
             )
-        return _from_store(TokenStore(source))
+        return _from_store(store_for_call(TokenStore(source), **asked))
     path = Path(source) if isinstance(source, str | Path) else None
     if path is not None and is_token_store(path):
-        return _from_store(TokenStore(path))
+        return _from_store(store_for_call(TokenStore(path), **asked))
     if store_format(path) in (SUBSET_FORMAT, VLM_STORE_FORMAT):
         raise ConfigError(f"build_batches: {source} is a {store_format(path)}: build_vlm_batches reads it")
+    split = str(split)  # UNSAID_SPLIT is "train"
     if tokenizer is None:
         raise ConfigError(f"build_batches: tokenizer is required to tokenise {source!r} (not a token store)")
     if cache_dir is not None:
