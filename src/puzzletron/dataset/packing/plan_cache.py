@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import shutil
 from collections.abc import Sequence
@@ -60,7 +61,7 @@ __all__ = [
 PLAN_FORMAT = "puzzletron-packing-plan"
 PLAN_VERSION = 2  # 2: plan.json records every file's xxh3_128 (version 1 folders are planned again)
 _CHECKSUM = "xxh3_128"
-_READ = 1 << 24  # bytes of a plan file hashed at a time
+_READ = 1 << 26  # bytes of a plan file hashed at a time
 PLANNER_VERSION = 1  # bump when plan_packing's output for the same inputs changes
 _META = "plan.json"
 _ARRAYS = ("sample_order", "row_offsets", "row_lengths", "dropped")
@@ -108,11 +109,23 @@ def _files(units: bool) -> list[str]:
 
 
 def _digest(fh: Any) -> str:
-    """The xxh3_128 of the open file `fh` from its start, read in bounded chunks."""
-    digest, buffer = xxhash.xxh3_128(), bytearray(_READ)
-    fh.seek(0)
-    while n := fh.readinto(buffer):
-        digest.update(memoryview(buffer)[:n])
+    """The xxh3_128 of the open file `fh`, hashed from a read-only mapping of it in chunks of `_READ` bytes
+    (no copy), each chunk's pages dropped from this process after it is hashed (they stay in the page cache):
+    whatever the file's size, nothing of it stays resident here."""
+    digest = xxhash.xxh3_128()
+    size = os.fstat(fh.fileno()).st_size
+    if size == 0:
+        return digest.hexdigest()
+    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            for start in range(0, size, _READ):
+                length = min(_READ, size - start)
+                mapped.madvise(mmap.MADV_WILLNEED, start, length)
+                digest.update(view[start : start + length])
+                mapped.madvise(mmap.MADV_DONTNEED, start, length)
+        finally:
+            view.release()
     return digest.hexdigest()
 
 
@@ -256,7 +269,7 @@ def cached_plan(
         with locked(folder):
             if _published(folder, key) is None:
                 shutil.rmtree(folder, ignore_errors=True)  # damaged (a cache: planning again is correct)
-                planned = plan_packing(
+                plan = plan_packing(
                     lengths,
                     spec,
                     estimated=estimated,
@@ -265,7 +278,8 @@ def cached_plan(
                     keep_at_least=keep_at_least,
                 )
                 with staging_dir(folder) as tmp:
-                    save_plan(planned, tmp, key=key)
+                    save_plan(plan, tmp, key=key)
+                    del plan  # the arrays as written are checked, not these: memory for one copy at a time
                     _check_written(tmp, key, lengths)
         plan = load_plan(folder, key)
     return plan
