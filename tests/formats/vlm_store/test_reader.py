@@ -16,6 +16,7 @@ from puzzletron.dataset import formats
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats.blocks import block_sums
 from puzzletron.dataset.formats.manifest import sha256_file
+from puzzletron.dataset.formats.token_store import content_sha256
 from puzzletron.dataset.formats.vlm_store import VlmStore
 
 
@@ -35,6 +36,8 @@ def _sign(manifest_path: Path, root: Path, blocks_rel: str) -> None:
     for record in manifest["files"]:
         record["sha256"] = sha256_file(root / record["path"])
         record["bytes"] = (root / record["path"]).stat().st_size
+    if "content_sha256" in manifest:  # the token store's binding of its identity to its files
+        manifest["content_sha256"] = content_sha256(manifest)
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "WITHIN",
     "block_files",
     "check_manifest",
+    "content_sha256",
     "expected_sizes",
     "load_store_manifest",
     "mask_name",
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 TOKEN_STORE_FORMAT = "puzzletron-token-store"
-TOKEN_STORE_VERSION = 2
+TOKEN_STORE_VERSION = 3  # 3: content_sha256 binds the identity to the files
 WITHIN = "the token store"
 MAX_TOKENS = 2**62  # far beyond any store; every offset fits int64 with room
 
@@ -66,8 +67,8 @@ SKIPPED_BIN = "skipped/ids.bin"  # ids of the rows without a supervised token
 SKIPPED_OFFSETS = "skipped/ids.i64"  # [skipped + 1] int64
 
 _KEYS = {
-    "block_checksums", "built_with", "counts", "files", "format", "identity", "identity_sha256",
-    "pad_token_id", "rows_per_shard", "shards", "token_dtype", "version", "vocab_size",
+    "block_checksums", "built_with", "content_sha256", "counts", "files", "format", "identity",
+    "identity_sha256", "pad_token_id", "rows_per_shard", "shards", "token_dtype", "version", "vocab_size",
 }  # fmt: skip
 _COUNTS = ("rows", "samples", "skipped", "tokens", "supervised_tokens", "shards")
 
@@ -204,7 +205,20 @@ def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
     _check_shards(manifest, counts, where)
     _check_identity(manifest, counts, where)
     check_store_records(manifest, where)
+    if manifest["content_sha256"] != content_sha256(manifest):
+        raise SnapshotError(
+            f"{where}: content_sha256 does not bind identity_sha256 to the files this manifest records (an "
+            "identity pasted from another store?)"
+        )
     return manifest
+
+
+def content_sha256(manifest: Mapping[str, Any]) -> str:
+    """The SHA-256 binding a store's identity to its bytes: of ``{identity_sha256, files: {path:
+    sha256}}`` (sorted compact JSON). The builder records it; an identity copied from another store (with
+    its own hash) no longer matches the files, and `verify` checks the files against their hashes."""
+    files = {r["path"]: r["sha256"] for r in manifest["files"]}
+    return canonical_sha256({"identity_sha256": manifest["identity_sha256"], "files": files})
 
 
 def expected_sizes(manifest: Mapping[str, Any]) -> dict[str, int]:
