@@ -127,26 +127,37 @@ class PuzzletronBatch:
         cached with every tensor's in-place version counter: a tensor changed in place after that (the
         cached digest would be of other content) is a `BatchValidationError` naming it on every later read
         (``docs/batch-contract.md``, "Fingerprint")."""
-        versions = _validation.tensor_versions(self)
         cached = self.__dict__.get("_fingerprint")
         if cached is None:
             fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-            cached = (fingerprint_of(fields, where="PuzzletronBatch"), versions)
+            cached = (fingerprint_of(fields, where="PuzzletronBatch"), _validation.tensor_versions(self))
             object.__setattr__(self, "_fingerprint", cached)
+        self._unchanged()
+        return cached[0]
+
+    def _unchanged(self) -> None:
+        """`BatchValidationError` naming the first tensor changed in place since the fingerprint was read
+        (nothing when it was not read: no hashing here, only the tensors' version counters)."""
+        cached = self.__dict__.get("_fingerprint")
+        if cached is None:
+            return
+        versions = _validation.tensor_versions(self)
         if cached[1] != versions:
             changed = next(name for (name, v), (_, w) in zip(cached[1], versions, strict=True) if v != w)
             raise BatchValidationError(
                 f"{changed} was changed in place after the batch's fingerprint was read; a batch's tensors "
                 "are not to be mutated (build a new batch: replace_model_kwargs, or clone before editing)"
             )
-        return cached[0]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PuzzletronBatch):
             return NotImplemented
+        self._unchanged()
+        other._unchanged()
         return content_equal(self, other, operator.attrgetter("fingerprint"))
 
     def __hash__(self) -> int:
+        self._unchanged()
         return content_hash(self, operator.attrgetter("fingerprint"))
 
     def __reduce__(self) -> tuple[Callable[..., PuzzletronBatch], tuple[type, dict[str, Any]]]:

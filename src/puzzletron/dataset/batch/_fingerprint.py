@@ -153,13 +153,14 @@ def _content_key(obj: Any, fingerprint: Callable[[Any], str]) -> str | None:
     comparisons do not hash its tensors again (derived and unpickled objects copy fields only, never this
     cache).
     """
-    if obj.__dict__.get("_content_key", None) is _NO_CONTENT_KEY:
-        return None
-    try:
-        return fingerprint(obj)  # cached by its owner, which also refuses content changed since
-    except TypeError:
-        object.__setattr__(obj, "_content_key", _NO_CONTENT_KEY)
-        return None
+    key = obj.__dict__.get("_content_key", None)
+    if key is None:
+        try:
+            key = fingerprint(obj)
+        except TypeError:
+            key = _NO_CONTENT_KEY
+        object.__setattr__(obj, "_content_key", key)
+    return None if key is _NO_CONTENT_KEY else key
 
 
 def content_equal(a: Any, b: Any, fingerprint: Callable[[Any], str]) -> bool:
