@@ -32,13 +32,23 @@ def fetched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return calls
 
 
-def test_a_subset_at_an_url_fetches_only_what_its_manifest_lists(
-    bucket: str, tmp_path: Path, fetched: list[tuple[str, str]]
-) -> None:
-    subset = make_subset(tmp_path / "subset", 6)
+@pytest.fixture
+def subset(tmp_path: Path) -> Path:
+    return make_subset(tmp_path / "subset", 6)
+
+
+@pytest.fixture
+def url(bucket: str, subset: Path) -> str:
+    """The subset uploaded to ``s3://bkt/subsets/vlm``."""
     url = f"{bucket}/subsets/vlm"
+    Objects(url).upload(subset)
+    return url
+
+
+def test_a_subset_at_an_url_fetches_only_what_its_manifest_lists(
+    url: str, subset: Path, fetched: list[tuple[str, str]]
+) -> None:
     objects = Objects(url)
-    objects.upload(subset)
     objects.put_bytes("junk/big.bin", b"\0" * JUNK)  # under the prefix, outside what the format names
     report = formats.verify(url)
     assert report.ok, report.problems
@@ -49,12 +59,9 @@ def test_a_subset_at_an_url_fetches_only_what_its_manifest_lists(
 
 
 def test_an_unlisted_image_or_a_listed_one_of_another_size_is_reported_never_fetched(
-    bucket: str, tmp_path: Path, fetched: list[tuple[str, str]]
+    url: str, subset: Path, fetched: list[tuple[str, str]]
 ) -> None:
-    subset = make_subset(tmp_path / "subset", 6)
-    url = f"{bucket}/subsets/vlm"
     objects = Objects(url)
-    objects.upload(subset)
     image = sorted(p for p in (subset / "images").iterdir())[0].relative_to(subset).as_posix()
     objects.put_bytes(image, b"x" * (JUNK + 1))  # replaced by something of another size
     objects.put_bytes("images/stray.png", b"\0" * JUNK)
