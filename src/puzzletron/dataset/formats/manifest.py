@@ -28,6 +28,7 @@ from typing import Any
 
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
+from puzzletron.dataset.storage.local import hash_file
 
 __all__ = [
     "MANIFEST",
@@ -54,7 +55,6 @@ MANIFEST = "manifest.json"
 MAX_JSON_DEPTH = 64  # deeper than anything we write or read from a source (a Nemotron row is ~6 levels)
 MAX_JSON_BYTES = 1 << 30  # any JSON file a format reads (a subset's manifest: ~200 bytes an image)
 MAX_MANIFEST_BYTES = 64 << 20  # a store's manifest (~130 bytes a shard file) and what a lookup reads
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,8 @@ class VerifyReport:
 
 
 def sha256_file(path: Path) -> str:
-    """The hex SHA-256 of the file at `path`, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """The hex SHA-256 of the file at `path`."""
+    return hash_file(path, hashlib.sha256())
 
 
 def canonical_sha256(value: Any) -> str:

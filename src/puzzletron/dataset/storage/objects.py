@@ -180,7 +180,8 @@ class Objects:
     def _make_fs(self) -> Any:
         import fsspec
 
-        kwargs: dict[str, Any] = {"skip_instance_cache": True}
+        # no listings cache: an object written since a listing (a claim, a manifest) must be seen
+        kwargs: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
         if self.is_s3:
             kwargs["config_kwargs"] = {
                 "connect_timeout": self.options.connect_timeout_s,
