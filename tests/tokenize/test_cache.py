@@ -16,7 +16,7 @@ from _token_store_data import ROWS_PER_SHARD
 from puzzletron.cli import main
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
 from puzzletron.dataset.formats.text_snapshot import open_split
-from puzzletron.dataset.pipelines import text as pipeline
+from puzzletron.dataset.pipelines import _core as pipeline  # where build_batches tokenises in memory
 from puzzletron.dataset.pipelines.text import build_batches
 from puzzletron.dataset.tokenize import build_token_store, find_store, short_hash, store_identity
 from puzzletron.dataset.tokenize import store as build_store

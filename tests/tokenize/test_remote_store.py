@@ -374,3 +374,23 @@ def test_two_torchrun_builds_of_one_identity_on_one_node_both_end_with_the_one_s
     assert results == {name: {"path": url} for name in ("a0", "a1", "b0", "b1")}, results
     assert _objects(url) == _local_files(local)
     assert all(rel.startswith("stores/pk/") for rel in Objects(bucket).list())
+
+
+def test_a_build_that_fails_cleanly_releases_its_claim_so_a_fixed_rerun_of_another_identity_builds(
+    snapshot: Path, tokenizer_dir: Path, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"{bucket}/stores/pk"
+    real = build_store.tokenize_rows
+
+    def failing(rows, start, stop, **kwargs):
+        if start == 3 * ROWS_PER_SHARD:
+            raise SnapshotError("row 96: a template that fails")
+        return real(rows, start, stop, **kwargs)
+
+    monkeypatch.setattr(build_store, "tokenize_rows", failing)
+    with pytest.raises(SnapshotError, match="row 96: a template that fails"):
+        build_token_store(snapshot, tokenizer=tokenizer_dir, output=url, options=OPTIONS)
+    assert ".pk.claim.json" not in Objects(f"{bucket}/stores").list()
+    monkeypatch.undo()
+    assert build_token_store(snapshot, tokenizer=tokenizer_dir, output=url, options=OTHER) == url
+    assert formats.verify(url).ok

@@ -1,6 +1,6 @@
 """A prefix holds one store: the claim object a build at an URL writes once before any of its objects.
 
-    take_claim("s3://b/stores/pk", digest)               # before the first shard is uploaded
+    take_claim("s3://b/stores/pk", digest, owner)        # before the first shard is uploaded
     ...                                                  # build, publish the manifest
     release_claim("s3://b/stores/pk", digest)            # after the manifest (or a clean failure)
 
@@ -10,9 +10,11 @@ build that took it. A build of the same identity finds its own identity there an
 races the other to the same bytes; the manifest is written once); a build of another identity is refused
 before it writes anything, with what to do: wait for the other build, or, when that build was killed (its
 claim and staged shards stay; nothing tells a killed build from a slow one), remove the claim and the
-staged objects with the command the error names. A build that fails cleanly releases its claim (a fixed
-tokenizer is another identity, and its rerun to the same output must not be refused); so does the one that
-published, once the manifest is there (from then on the manifest says which store the prefix holds).
+staged objects with the command the error names. A build that fails cleanly releases the claim it took
+(its ``owner`` token; one it joined stays with the live build that took it: a fixed tokenizer is another
+identity, and its rerun to the same output must not be refused); the build that published releases the
+claim of its identity once the manifest is there (from then on the manifest says which store the prefix
+holds).
 """
 
 from __future__ import annotations
@@ -66,13 +68,14 @@ def _clear_command(url: str, staged: str | None) -> str:
     return f"remove the object {url}" + (f" and every object under {staged}/" if staged else "")
 
 
-def take_claim(dest: str, digest: str, *, what: str = "store") -> None:
-    """Claim `dest` for the build of identity hash `digest`, or join a claim of the same identity;
-    `SnapshotError` when a build of another identity holds it, naming the command that clears a killed
-    build's claim and staged objects (`staging_url`)."""
+def take_claim(dest: str, digest: str, owner: str, *, what: str = "store") -> None:
+    """Claim `dest` for the build `owner` (a token of this build) of identity hash `digest`, or join a
+    claim of the same identity; `SnapshotError` when a build of another identity holds it, naming the
+    command that clears a killed build's claim and staged objects (`staging_url`)."""
     objects, rel = _place(dest)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    body = {"format": CLAIM_FORMAT, "identity_sha256": digest, "store": dest, "claimed_at": when}
+    body = {"format": CLAIM_FORMAT, "identity_sha256": digest, "owner": owner, "store": dest}
+    body["claimed_at"] = when
     for _ in range(_ATTEMPTS):
         if objects.create_once(rel, json.dumps(body, sort_keys=True).encode()):
             return
@@ -94,11 +97,14 @@ def take_claim(dest: str, digest: str, *, what: str = "store") -> None:
                         "tried to claim it; try again")  # fmt: skip
 
 
-def release_claim(dest: str, digest: str) -> None:
-    """Remove the claim on `dest` when it is this identity's (best effort: another's is left alone)."""
+def release_claim(dest: str, digest: str, *, owner: str | None = None) -> None:
+    """Remove the claim on `dest` when it is this identity's; with `owner`, only when that build took it (a
+    build that failed leaves the claim of another live build of its identity alone). Best effort."""
     objects, rel = _place(dest)
     holder = _holder(objects, rel)
-    if holder is not None and holder.get("identity_sha256") == digest:
+    if holder is None or holder.get("identity_sha256") != digest:
+        return
+    if owner is None or holder.get("owner") == owner:
         objects.delete([rel])
 
 

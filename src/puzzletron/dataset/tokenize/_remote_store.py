@@ -82,14 +82,14 @@ def scratch_dir(digest: str, token: str) -> Path:
     return ObjectCache.default().root / "builds" / f"{digest[:16]}-{token}"
 
 
-def claim(dest: str, digest: str) -> None:
+def claim(dest: str, digest: str, owner: str) -> None:
     """Claim `dest` for this identity before any shard is written (`storage.claims.take_claim`)."""
-    take_claim(dest, digest, what="token store")
+    take_claim(dest, digest, owner, what="token store")
 
 
-def release(dest: str, digest: str) -> None:
-    """Release this identity's claim on `dest` (a clean failure: another identity may build there)."""
-    release_claim(dest, digest)
+def release(dest: str, digest: str, owner: str) -> None:
+    """Release the claim on `dest` this build took (a clean failure: another identity may build there)."""
+    release_claim(dest, digest, owner=owner)
 
 
 def published_manifest(dest: str) -> dict[str, Any] | None:

@@ -82,7 +82,7 @@ class _Build(ShardedBuild):
     options: TokenizeOptions
     batch_size: int
     what: str = "token store"
-    token: str = field(default_factory=lambda: secrets.token_hex(6))  # this build's own scratch (URL)
+    token: str = field(default_factory=lambda: secrets.token_hex(6))  # this build's scratch and claim (URL)
 
     @property
     def rows_per_shard(self) -> int:
@@ -138,11 +138,11 @@ class _Build(ShardedBuild):
 
     def claim(self) -> None:
         if isinstance(self.dest, str):
-            _remote.claim(self.dest, self.digest)
+            _remote.claim(self.dest, self.digest, self.token)
 
     def release(self) -> None:
         if isinstance(self.dest, str):
-            _remote.release(self.dest, self.digest)
+            _remote.release(self.dest, self.digest, self.token)
 
     def finished_shards(self, facts: Any, shards: Sequence[int]) -> set[int]:
         if not isinstance(self.dest, str):
