@@ -19,12 +19,14 @@ from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
 from puzzletron.dataset.formats.manifest import (
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     canonical_sha256,
     check_file,
     check_store_header,
     check_store_records,
     load_json,
     parse_json,
+    read_bounded,
 )
 from puzzletron.dataset.storage.objects import is_url, join_url
 from puzzletron.dataset.storage.sources import ByteSource, open_source
@@ -250,13 +252,14 @@ def load_store_manifest(root: str | Path, source: ByteSource | None = None) -> d
     field checked (`check_manifest`), no other file read."""
     if source is None and not is_url(root):
         where = Path(root) / MANIFEST
-        return check_manifest(load_json(where, "the manifest"), where)
+        return check_manifest(load_json(where, "the manifest", max_bytes=MAX_MANIFEST_BYTES), where)
     source = source if source is not None else open_source(root)
     where: Any = join_url(str(root), MANIFEST) if is_url(root) else Path(root) / MANIFEST
     try:
-        raw = source.read_bytes(MANIFEST)
+        source.size(MANIFEST)
     except SnapshotError as exc:
         raise SnapshotError(f"{where}: the manifest is missing ({exc})") from None
+    raw = read_bounded(source, MANIFEST, "the manifest", max_bytes=MAX_MANIFEST_BYTES)
     try:
         return check_manifest(parse_json(raw, "the manifest"), where)
     except ValueError as exc:
