@@ -18,10 +18,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _batch_builders import two_by_three
 from _batch_strategies import batches, revalidated
 from puzzletron.dataset import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch
 from puzzletron.dataset.batch import _tables
 from puzzletron.dataset.batch._fingerprint import fingerprint_of
+from puzzletron.dataset.errors import BatchValidationError
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -247,6 +249,23 @@ def test_fingerprint_is_identical_in_a_fresh_process_with_other_hash_seed_and_pr
 def test_fingerprint_is_the_same_on_every_device() -> None:
     b = _batch()
     assert b.to("cuda").fingerprint == b.fingerprint
+
+
+def test_a_tensor_changed_in_place_after_the_fingerprint_was_read_is_refused_not_a_stale_fingerprint() -> (
+    None
+):
+    b = PuzzletronBatch(**two_by_three(labels=torch.zeros(2, 3, dtype=torch.long)))
+    first = b.fingerprint
+    assert b.fingerprint == first and hash(b) == hash(revalidated(b))  # reads again: no change, no error
+    b.input_ids[0, 0] = 7  # the caller edits the batch's tensor in place
+    for read in (lambda: b.fingerprint, lambda: b == revalidated(b), lambda: hash(b)):
+        with pytest.raises(
+            BatchValidationError, match=r"model_kwargs\['input_ids'\] was changed in place after"
+        ):
+            read()
+    fresh = PuzzletronBatch(**two_by_three(labels=torch.zeros(2, 3, dtype=torch.long)))
+    fresh.labels.add_(1)  # before any fingerprint: the first read is of the content it then holds
+    assert fresh.fingerprint != first
 
 
 def test_one_ce_mask_bit_changes_the_fingerprint() -> None:

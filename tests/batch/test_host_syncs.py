@@ -166,3 +166,11 @@ def test_float_masks_of_zeros_and_ones_are_accepted_and_counted_once() -> None:
             **two_by_three(hidden_mask=hidden, labels=torch.where(hidden.bool(), 0, -100))
         )
     ) == host_reads(lambda: PuzzletronBatch(**two_by_three(hidden_mask=hidden.bool())))
+
+
+def test_float_inputs_are_checked_for_nan_and_inf_on_the_one_read_of_construction() -> None:
+    ids = torch.ones(2, 3, dtype=torch.long)
+    floats = {"inputs_embeds": torch.randn(2, 3, 8), "position_ids": torch.arange(3.0).expand(2, 3)}
+    assert host_reads(lambda: PuzzletronBatch(model_kwargs={"input_ids": ids, **floats})) == host_reads(
+        lambda: PuzzletronBatch(model_kwargs={"input_ids": ids})
+    )

@@ -65,6 +65,20 @@ def test_padding_past_max_pad_tokens_is_refused_before_allocating() -> None:
     assert plain().pad_batch_to_multiple(2**16).batch_size == 2**16  # 3 tokens a row: small
 
 
+def test_padding_past_max_pad_bytes_is_refused_before_allocating() -> None:
+    embeds = PuzzletronBatch(  # 256 tokens a row: tokens alone allow 2**16 rows, their embeddings are 68 GB
+        model_kwargs={
+            "input_ids": torch.zeros(1, 256, dtype=torch.long),
+            "inputs_embeds": torch.zeros(1, 256, 1024),
+        }
+    )
+    with pytest.raises(
+        BatchValidationError, match=r"would add 65535 rows of 1050624 bytes .* > MAX_PAD_BYTES"
+    ):
+        embeds.pad_batch_to_multiple(2**16)
+    assert embeds.pad_batch_to_multiple(8).batch_size == 8
+
+
 # --------------------------------------------------------------------------------------- batch_from_automodel
 
 

@@ -240,6 +240,35 @@ def test_media_counts_must_match_image_grid_rows() -> None:
 # -- hostile tensors are errors naming the field (issue 12) -----------------------------------------------
 
 
+def _poisoned(value: str) -> torch.Tensor:
+    """``inputs_embeds`` [2, 3, 4] in bfloat16 with one NaN or Inf."""
+    out = torch.zeros(2, 3, 4, dtype=torch.bfloat16)
+    out[1, 2, 3] = float(value)
+    return out
+
+
+def _positions(value: str) -> torch.Tensor:
+    out = torch.arange(3.0).expand(2, 3).clone()
+    out[0, 1] = float(value)
+    return out
+
+
+def _additive(value: str) -> torch.Tensor:
+    """A float attention mask: 0 where attended, -inf elsewhere (meaningful), and one ``value``."""
+    out = torch.zeros(2, 3).masked_fill(torch.tensor([[False, False, True]] * 2), float("-inf"))
+    out[0, 0] = float(value)
+    return out
+
+
+def test_infinities_where_they_mean_something_are_accepted() -> None:
+    ids = torch.ones(2, 3, dtype=torch.long)
+    assert (
+        PuzzletronBatch(model_kwargs={"input_ids": ids, "attention_mask": _additive("-inf")}).batch_size == 2
+    )
+    embeds = torch.randn(2, 3, 4)
+    assert PuzzletronBatch(model_kwargs={"input_ids": ids, "inputs_embeds": embeds}).batch_size == 2
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -275,6 +304,51 @@ def test_media_counts_must_match_image_grid_rows() -> None:
         ({"kd_mask": torch.full((2, 3), 2)}, "kd_mask must hold only 0 and 1"),
         ({"ce_mask": torch.full((2, 3), -1)}, "ce_mask must hold only 0 and 1"),
         ({"ce_mask": torch.ones(2, 3, dtype=torch.complex64)}, "ce_mask must be a bool"),
+        (
+            {
+                "model_kwargs": {
+                    "input_ids": torch.ones(2, 3, dtype=torch.long),
+                    "inputs_embeds": _poisoned("nan"),
+                }
+            },
+            r"model_kwargs\['inputs_embeds'\] must be finite \(no NaN or Inf\)",
+        ),
+        (
+            {
+                "model_kwargs": {
+                    "input_ids": torch.ones(2, 3, dtype=torch.long),
+                    "inputs_embeds": _poisoned("inf"),
+                }
+            },
+            r"model_kwargs\['inputs_embeds'\] must be finite",
+        ),
+        (
+            {
+                "model_kwargs": {
+                    "input_ids": torch.ones(2, 3, dtype=torch.long),
+                    "position_ids": _positions("nan"),
+                }
+            },
+            r"model_kwargs\['position_ids'\] must be finite",
+        ),
+        (
+            {
+                "model_kwargs": {
+                    "input_ids": torch.ones(2, 3, dtype=torch.long),
+                    "position_ids": _positions("-inf"),
+                }
+            },
+            r"model_kwargs\['position_ids'\] must be finite",
+        ),
+        (
+            {
+                "model_kwargs": {
+                    "input_ids": torch.ones(2, 3, dtype=torch.long),
+                    "attention_mask": _additive("nan"),
+                }
+            },
+            r"model_kwargs\['attention_mask'\] must hold no NaN",
+        ),
     ],
 )
 def test_hostile_tensors_are_errors_naming_the_field(fields: dict[str, Any], message: str) -> None:

@@ -4,6 +4,7 @@ when damaged, and pickled as a reference to its folder."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import pickle
@@ -14,7 +15,7 @@ import pytest
 
 from _token_store_data import ROWS_PER_SHARD
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
-from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.errors import PackingError, SnapshotError
 from puzzletron.dataset.packing import IndexSequence, plan_packing
 from puzzletron.dataset.packing import plan_cache as plan_cache_module
 from puzzletron.dataset.packing.plan_cache import MappedPlan, cached_plan, load_plan, plan_key
@@ -118,6 +119,66 @@ def test_a_damaged_plan_is_refused_by_the_reader_and_planned_again_by_the_cache(
     _same_plan(
         cached_plan(LENGTHS, spec, lengths_identity="L", cache=tmp_path, seed=0), plan_packing(LENGTHS, spec)
     )
+
+
+def _edit_in_place(path: Path, index: int, delta: int) -> None:
+    """Add `delta` to element `index` of the ``.npy`` array at `path`, in place (same size, same header)."""
+    array = np.load(path, mmap_mode="r+")
+    array[index] += delta
+    array.flush()
+    del array
+
+
+@pytest.mark.parametrize(
+    ("policy", "name", "index", "delta"),
+    [
+        ("drop", "sample_order", 5, 1),  # one sample served twice, another never
+        ("drop", "row_lengths", 0, -1),
+        ("split", "units_start", -1, 4),  # a piece's tokens shifted: overlapping and lost tokens
+        ("split", "units_length", 0, 1),
+        ("truncate", "units_length", 3, -1),
+        ("drop", "dropped", 0, 1),
+    ],
+)
+def test_a_plan_changed_in_place_is_refused_and_replanned_under_the_lock_not_served(
+    policy: str, name: str, index: int, delta: int, tmp_path: Path
+) -> None:
+    spec = PackingSpec(64, long_samples=policy)
+    folder = cached_plan(LENGTHS, spec, lengths_identity="L", cache=tmp_path, seed=0).folder
+    _edit_in_place(folder / f"{name}.npy", index, delta)
+    with pytest.raises(
+        SnapshotError, match=rf"{folder}: {name}\.npy differs from the checksum plan.json records"
+    ):
+        load_plan(folder)
+    again = cached_plan(LENGTHS, spec, lengths_identity="L", cache=tmp_path, seed=0)
+    _same_plan(again, plan_packing(LENGTHS, spec))
+    _same_plan(load_plan(folder), again)  # the damaged entry was replaced: every later run maps it
+
+
+def test_a_worker_maps_a_replaced_file_only_after_checking_it(tmp_path: Path) -> None:
+    plan = cached_plan(LENGTHS, PackingSpec(64), lengths_identity="L", cache=tmp_path)
+    blob = pickle.dumps(plan)
+    _same_plan(pickle.loads(blob), plan)  # the files this process verified: mapped as they are
+    order = plan.folder / "sample_order.npy"
+    damaged = np.load(order).copy()
+    damaged[[0, 1]] = damaged[[1, 0]]  # the same entries, another order
+    np.save(tmp_path / "new.npy", damaged)
+    (tmp_path / "new.npy").replace(order)  # another file (inode) under the same name
+    with pytest.raises(SnapshotError, match=r"sample_order\.npy differs from the checksum"):
+        pickle.loads(blob)
+
+
+def test_a_planner_that_breaks_the_invariants_publishes_nothing(tmp_path: Path, monkeypatch) -> None:
+    spec = PackingSpec(64)
+    good = plan_packing(LENGTHS, spec)
+    order = np.array(good.sample_order)
+    order[1] = order[0]  # a sample twice in its row
+    monkeypatch.setattr(
+        plan_cache_module, "plan_packing", lambda *a, **k: dataclasses.replace(good, sample_order=order)
+    )
+    with pytest.raises(PackingError, match=r"breaks its invariants: rows .* not in ascending entry order"):
+        cached_plan(LENGTHS, spec, lengths_identity="L", cache=tmp_path)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == []
 
 
 def test_a_mapped_plan_pickles_as_its_folder(tmp_path: Path) -> None:

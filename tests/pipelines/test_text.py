@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
+import shutil
 from pathlib import Path
 
 import datasets
@@ -156,6 +158,46 @@ def store(snapshot: Path, tokenizer_dir: Path, tmp_path_factory: pytest.TempPath
 
 def _fingerprints(batches: TextBatches) -> list[str]:
     return [batch.fingerprint for rank in range(batches.sampler.dp_size) for batch in batches.for_rank(rank)]
+
+
+def _retokenizer(tokenizer_dir: Path, out: Path) -> Path:
+    """The fixture tokenizer with another chat template: another tokenizer identity, the same vocabulary."""
+    out = Path(shutil.copytree(tokenizer_dir, out))
+    (out / "chat_template.jinja").write_text("{{ 'Be brief.' }}" + (out / "chat_template.jinja").read_text())
+    return out
+
+
+@pytest.mark.parametrize(
+    ("asked", "says"),
+    [
+        ({"split": "validation"}, "holds split 'train', not the split 'validation' asked for"),
+        ({"split": "no-such-split"}, "holds split 'train', not the split 'no-such-split' asked for"),
+        ({"tokenizer": "nonexistent/"}, "nonexistent is not a directory"),
+        ({"tokenizer": "other"}, "was built with another tokenizer than "),
+    ],
+)
+def test_a_split_or_tokenizer_that_is_not_the_stores_is_an_error_naming_both(
+    store: Path, tokenizer_dir: Path, tmp_path: Path, asked: dict, says: str
+) -> None:
+    if asked.get("tokenizer") == "other":
+        asked = {"tokenizer": _retokenizer(tokenizer_dir, tmp_path / "other")}
+    with pytest.raises(ConfigError, match=re.escape(says)) as exc:
+        build_batches(store, spec=SPECS["packed"], batch_size=2, **asked)
+    assert str(store) in str(exc.value) and "\n" not in str(exc.value)
+    same = build_batches(store, spec=SPECS["packed"], batch_size=2, split="train", tokenizer=tokenizer_dir)
+    assert same.tokenized.samples.store.path == store  # said, and the store's: served
+
+
+def test_another_tokenizers_store_is_found_through_the_cache_dir(
+    store: Path, snapshot: Path, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    other = _retokenizer(tokenizer_dir, tmp_path / "other")
+    options = TokenizeOptions(rows_per_shard=ROWS_PER_SHARD)
+    built = build_token_store(snapshot, tokenizer=other, cache_dir=tmp_path / "cache", options=options)
+    found = build_batches(
+        store, tokenizer=other, spec=SPECS["packed"], batch_size=2, cache_dir=tmp_path / "cache"
+    )
+    assert found.tokenized.samples.store.path == built
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from puzzletron.dataset.config import PuzzletronDataSpec
 from puzzletron.dataset.errors import ConfigError, SnapshotError
@@ -104,6 +105,50 @@ def test_another_processor_or_subset_is_refused(
             spec=SPEC,
             batch_size=1,
         )
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"image_mean": [0.5, 0.5, 0.5]}, "pixels.image_mean: store [0.48145466, 0.4578275, 0.40821073] vs "),
+        ({"image_std": [0.25, 0.25, 0.25]}, "pixels.image_std: store [0.26862954, "),
+        ({"rescale_factor": 1 / 127.5}, "pixels.rescale_factor: store 0.00392156862745098 vs "),
+        ({"do_normalize": False}, "pixels.do_normalize: store True vs processor False"),
+        ({"resample": 2}, "pixels.resample: store 3 vs processor 2"),
+    ],
+)
+def test_a_processor_whose_pixels_differ_from_the_stores_is_refused(
+    vlm_stores: dict[str, Path], processor_dirs: dict[str, Path], vlm_subset: Path, tmp_path: Path,
+    config: dict, says: str,
+) -> None:  # fmt: skip
+    other = Path(shutil.copytree(processor_dirs["qwen2_5_vl"], tmp_path / "proc"))
+    path = other / "preprocessor_config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | config))
+    with pytest.raises(ConfigError, match=r"does not match the VLM store ") as exc:
+        build_vlm_batches(
+            vlm_stores["qwen2_5_vl"], processor=other, subset=vlm_subset, spec=SPEC, batch_size=1
+        )
+    assert says in str(exc.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # computed here; by the image processor
+def test_a_subset_manifest_that_lies_about_an_images_size_is_refused_at_batch_time(
+    processor_dirs: dict[str, Path], vlm_subset: Path, tmp_path: Path, dtype: torch.dtype
+) -> None:
+    liar = Path(shutil.copytree(vlm_subset, tmp_path / "subset"))
+    manifest = json.loads((liar / "manifest.json").read_text())
+    record = manifest["images"][0]
+    record["width"], record["height"] = (
+        10 * record["width"],
+        10 * record["height"],
+    )  # file, SHA-256 as they were
+    (liar / "manifest.json").write_text(json.dumps(manifest))
+    batches = build_vlm_batches(
+        liar, processor=processor_dirs["qwen2_5_vl"], spec=SPEC, batch_size=64, cache_dir=tmp_path / "c",
+        shuffle=False, pixel_dtype=dtype,
+    )  # fmt: skip
+    with pytest.raises(SnapshotError, match=r"of the VLM store \S+ is \d+x\d+, whose grid is not the stored"):
+        list(batches)
 
 
 def test_a_changed_image_file_is_refused_at_batch_time(

@@ -5,6 +5,7 @@ bytes, or a clear error within the timeouts: never wrong bytes)."""
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from urllib.parse import urlsplit
 
@@ -111,3 +112,52 @@ def test_a_stall_once_is_retried_and_a_server_that_always_stalls_fails_within_th
                 faulty.get_range("a/data.bin", 0, 500_000, etag=etag)
             # 3 attempts of a 1 s read timeout plus backoff; generous for a loaded machine
             assert time.monotonic() - started < 3 * (1 + 1) + 1.5 + 5
+
+
+def _ends(call, out: list) -> threading.Thread:
+    """`call()` in a thread (its result or error appended to `out`): a read that never ends stays alive."""
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_server_trickling_bodies_is_cut_by_the_request_deadline_retried_then_a_clear_error(
+    objects: Objects, s3_endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    etag = objects.list()["a/data.bin"].etag
+    monkeypatch.setenv("PUZZLETRON_OBJECT_REQUEST_TIMEOUT_S", "2")
+    with TcpFaults(urlsplit(s3_endpoint).port) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        slow = Objects(join_url(bucket, "prefix"), options=ObjectOptions(read_timeout_s=1, retries=1))
+        proxy.configure("trickle", rate=2000)  # a piece every 0.1 s: no read ever waits 1 s
+        for call, said in [
+            (lambda: slow.get_range("a/data.bin", 0, 700_000, etag=etag), "bytes 0..700000 could not"),
+            (lambda: slow.get("a/data.bin"), "reading s3://bkt/prefix/a/data.bin failed"),
+        ]:
+            out: list = []
+            _ends(call, out).join(120)  # 2 attempts of 2 s and a backoff; the guard only catches a hang
+            assert out, "the read did not end: no deadline"
+            assert isinstance(out[0], OSError), out[0]
+            assert said in str(out[0]) and "in 2 attempts" in str(out[0])
+            assert "within 2 s (PUZZLETRON_OBJECT_REQUEST_TIMEOUT_S)" in str(out[0])
+        proxy.configure("pass")
+        assert slow.get_range("a/data.bin", 5, 10, etag=etag) == DATA[5:10]
+
+
+def test_no_retries_is_one_attempt_and_says_so(
+    objects: Objects, s3_endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PUZZLETRON_OBJECT_RETRIES", "0")
+    with TcpFaults(urlsplit(s3_endpoint).port) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        once = Objects(join_url(bucket, "prefix"), options=ObjectOptions(read_timeout_s=1))
+        proxy.configure("cut", after=100)
+        with pytest.raises(OSError, match=r"could not be read in 1 attempts \((?!NoneType)"):
+            once.get_range("a/data.bin", 0, 1000)

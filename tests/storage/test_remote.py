@@ -10,7 +10,7 @@ import pickle
 import numpy as np
 import pytest
 
-from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.storage.object_cache import ObjectCache
 from puzzletron.dataset.storage.objects import ObjectChanged, ObjectOptions, Objects, join_url
 from puzzletron.dataset.storage.remote import RemoteFiles
@@ -113,3 +113,33 @@ def test_a_pickled_or_forked_reader_reads_with_its_own_client(url: str) -> None:
     child.start()
     child.join(60)
     assert child.exitcode == 0 and out.get() is True
+
+
+def test_a_cache_bound_below_one_chunk_is_refused_naming_the_variable(url: str, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"PUZZLETRON_OBJECT_CACHE_BYTES\) is 32768 bytes, below one chunk"):
+        RemoteFiles(url, cache=ObjectCache(tmp_path / "cache", max_bytes=CHUNK // 2), chunk_size=CHUNK)
+
+
+def test_a_cache_of_one_chunk_fetches_every_chunk_once_even_when_a_read_spans_several(
+    url: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spans: list[tuple[int, int]] = []
+    real = Objects.get_ranges
+
+    def counted(self, rel, wanted, *, etag=None):
+        wanted = list(wanted)
+        spans.extend(wanted)
+        return real(self, rel, wanted, etag=etag)
+
+    monkeypatch.setattr(Objects, "get_ranges", counted)
+    cache = ObjectCache(tmp_path / "cache", max_bytes=CHUNK)  # each write evicts down to 0.9 chunk
+    files = RemoteFiles(url, cache=cache, chunk_size=CHUNK)
+    for offset in range(0, len(DATA), 10_000):
+        size = min(10_000, len(DATA) - offset)
+        assert _read(files, "shards/data.bin", offset, size) == DATA[offset : offset + size]
+    assert len(spans) == 11  # 10 chunks and the short last one, each fetched once
+    spans.clear()
+    fresh = RemoteFiles(url, cache=cache, chunk_size=CHUNK)
+    assert _read(fresh, "shards/data.bin", CHUNK - 7, 2 * CHUNK + 14) == DATA[CHUNK - 7 : 3 * CHUNK + 7]
+    assert sorted(spans) == [(k * CHUNK, (k + 1) * CHUNK) for k in range(4)]  # chunks 0..3, once each
+    assert cache.usage() <= CHUNK

@@ -5,7 +5,9 @@ hidden folders are passed over."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from _token_store_data import ROWS_PER_SHARD
 from puzzletron.cli import main
 from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeOptions
 from puzzletron.dataset.formats.text_snapshot import open_split
-from puzzletron.dataset.pipelines import text as pipeline
+from puzzletron.dataset.pipelines import _core as pipeline  # where build_batches tokenises in memory
 from puzzletron.dataset.pipelines.text import build_batches
 from puzzletron.dataset.tokenize import build_token_store, find_store, short_hash, store_identity
 from puzzletron.dataset.tokenize import store as build_store
@@ -102,3 +104,31 @@ def test_another_identity_or_an_incomplete_store_is_passed_over(
     assert created not in (other, damaged)
     assert "passing over" in caplog.text and "damaged" in caplog.text
     assert find_store(cache, _identity(snapshot, tokenizer_dir)) == created  # the hashed name first
+
+
+def test_a_fifo_a_huge_or_a_deeply_nested_manifest_under_the_cache_dir_is_passed_over_unread(
+    built: Path, snapshot: Path, tokenizer_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    for name in ("a-fifo", "b-huge", "c-deep", "d-device"):
+        (cache / name).mkdir(parents=True)
+    os.mkfifo(cache / "a-fifo" / "manifest.json")  # opening it for reading would wait for a writer
+    with open(cache / "b-huge" / "manifest.json", "wb") as fh:
+        fh.truncate(1 << 30)  # 1 GiB (sparse: no disk), over the 64 MiB a lookup reads
+    (cache / "c-deep" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    (cache / "d-device" / "manifest.json").symlink_to("/dev/zero")
+    shutil.copytree(built, cache / "team" / "puzzle-kd")
+    found: list = []
+    lookup = threading.Thread(
+        target=lambda: found.append(find_store(cache, _identity(snapshot, tokenizer_dir))), daemon=True
+    )
+    lookup.start()
+    lookup.join(120)  # a guard against the hang only
+    if lookup.is_alive():  # an old version waits on the FIFO: a writer lets its thread end
+        os.close(os.open(cache / "a-fifo" / "manifest.json", os.O_WRONLY | os.O_NONBLOCK))
+    assert found == [cache / "team" / "puzzle-kd"], "the lookup did not end (it waited on the FIFO)"
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "a-fifo/manifest.json: the manifest is a FIFO, not a regular file" in said
+    assert "b-huge/manifest.json: the manifest is 1.0 GiB (1073741824 bytes); at most 64.0 MiB" in said
+    assert "c-deep" in said and "nests JSON more than 64 levels deep" in said
+    assert "d-device/manifest.json: the manifest is a character device, not a regular file" in said

@@ -4,6 +4,9 @@ directories give the same parts, and a processor of another family is a `ConfigE
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +17,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 from _conversation_samples import pil_image
 from _vlm_reference import LOADERS
 from puzzletron.dataset.errors import ConfigError
-from puzzletron.dataset.tokenize import GridConfig, vlm_processor
+from puzzletron.dataset.tokenize import GridConfig, build_vlm_store, vlm_processor
 from puzzletron.fixtures.tokenizer import CHAT_TEMPLATE
 
 CONFIGS = {
@@ -103,3 +106,65 @@ def test_another_family_is_a_config_error_naming_what_is_missing(
         vlm_processor(processor)
     with pytest.raises(ConfigError, match="is not a directory"):
         vlm_processor(tokenizer_dir / "missing")
+
+
+def _edited(processor_dir: Path, out: Path, **config: object) -> Path:
+    """A copy of the processor directory with ``preprocessor_config.json`` keys set (None: removed)."""
+    out = Path(shutil.copytree(processor_dir, out))
+    path = out / "preprocessor_config.json"
+    raw = json.loads(path.read_text()) | config
+    path.write_text(json.dumps({k: v for k, v in raw.items() if v is not None}))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        (
+            {"image_mean": [float("nan"), 0.5, 0.5]},
+            "image_mean is [nan, 0.5, 0.5]; expected 3 finite numbers",
+        ),
+        ({"image_std": [0.5, 0.0, 0.5]}, "image_std is [0.5, 0.0, 0.5]; expected 3 finite numbers above 0"),
+        ({"image_std": [-0.5, 0.5, 0.5]}, "image_std is [-0.5, 0.5, 0.5]; expected 3 finite numbers above 0"),
+        (
+            {"image_std": [float("inf")] * 3},
+            "image_std is [inf, inf, inf]; expected 3 finite numbers above 0",
+        ),
+        ({"image_mean": [0.5, 0.5]}, "image_mean is [0.5, 0.5]; expected 3 finite numbers"),
+        ({"rescale_factor": 0}, "rescale_factor is 0.0; expected a finite number above 0"),
+        ({"patch_size": 4096}, "patch_size 4096 (at most 64)"),
+        ({"min_pixels": 2**20, "max_pixels": 2**16}, "min_pixels 1048576 (at most max_pixels 65536)"),
+    ],
+)
+def test_an_unsound_pixel_setting_is_one_config_error_when_the_processor_is_loaded(
+    processor_dirs: dict[str, Path], vlm_subset: Path, tmp_path: Path, config: dict, says: str
+) -> None:
+    bad = _edited(processor_dirs["qwen3_vl"], tmp_path / "proc", **config)
+    with pytest.raises(ConfigError) as exc:
+        vlm_processor(bad)
+    assert says in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(ConfigError, match=re.escape(says)):  # at tokenize time, before anything is made
+        build_vlm_store(vlm_subset, processor=bad, output=tmp_path / "store")
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_processor_directory_with_a_truncated_tokenizer_is_one_config_error(
+    processor_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    bad = Path(shutil.copytree(processor_dirs["qwen3_vl"], tmp_path / "proc"))
+    data = (bad / "tokenizer.json").read_bytes()
+    (bad / "tokenizer.json").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ConfigError, match=r"processor \S+ cannot be loaded \(JSONDecodeError: ") as exc:
+        vlm_processor(bad)
+    assert "\n" not in str(exc.value)
+
+
+def test_a_template_edited_between_two_loads_in_one_process_is_loaded_again(
+    processor_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    proc = Path(shutil.copytree(processor_dirs["qwen3_vl"], tmp_path / "proc"))
+    assert vlm_processor(proc).tokenizer.chat_template == CHAT_TEMPLATE
+    (proc / "chat_template.jinja").write_text("{{ 'edited' }}" + CHAT_TEMPLATE)
+    assert vlm_processor(proc).tokenizer.chat_template == "{{ 'edited' }}" + CHAT_TEMPLATE
+    twin = Path(shutil.copytree(processor_dirs["qwen3_vl"], tmp_path / "twin"))
+    assert vlm_processor(twin) is vlm_processor(processor_dirs["qwen3_vl"])  # one content, one load

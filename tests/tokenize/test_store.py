@@ -96,6 +96,38 @@ def test_a_store_is_reused_without_loading_the_tokenizer_or_tokenising(
     assert sorted(p.name for p in cache.iterdir()) == [path.name]
 
 
+def test_a_template_edited_between_two_builds_in_one_process_gives_the_new_templates_tokens(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    tok = Path(shutil.copytree(tokenizer_dir, tmp_path / "tok"))
+    first = TokenStore(_build(snapshot, tok, cache_dir=tmp_path / "cache", split="validation"))
+    template = tok / "chat_template.jinja"
+    template.write_text("{{ 'Be brief.' }}" + template.read_text())  # the same path, another template
+    second = TokenStore(_build(snapshot, tok, cache_dir=tmp_path / "cache", split="validation"))
+    fresh = AutoTokenizer.from_pretrained(tok)  # loaded here, not from any per-process cache
+    prefix = fresh("Be brief.", add_special_tokens=False)["input_ids"]
+    assert second.path != first.path
+    assert list(second.tokens(0)[: len(prefix)]) == prefix
+    assert list(first.tokens(0)[: len(prefix)]) != prefix
+
+
+def test_a_split_rewritten_between_two_loads_in_one_process_is_loaded_again(tmp_path: Path) -> None:
+    import datasets
+
+    from puzzletron.dataset.formats.text_snapshot import load_text_split
+
+    def save(rows: list[str]) -> None:
+        shutil.rmtree(tmp_path / "split", ignore_errors=True)
+        msgs = [[{"role": "user", "content": r}, {"role": "assistant", "content": r}] for r in rows]
+        datasets.Dataset.from_dict({"messages": msgs}).save_to_disk(str(tmp_path / "split"))
+
+    save(["a", "b"])
+    assert load_text_split(tmp_path / "split")["messages"][0][0]["content"] == "a"
+    save(["c", "d", "e"])  # the same folder, other files
+    rows = load_text_split(tmp_path / "split")
+    assert len(rows) == 3 and rows["messages"][0][0]["content"] == "c"
+
+
 def _edited_tokenizer(tokenizer_dir: Path, out: Path, edit) -> Path:
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     edit(tok)

@@ -39,6 +39,8 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     [
         ("no-template", 2, "has no chat template"),
         ("corrupt-json", 2, "cannot be loaded (JSONDecodeError: "),
+        ("template-int", 2, "chat_template is a int (123); expected the template's text"),
+        ("amplifier", 1, "row 0: the chat template renders 100000"),
         ("zero-division", 1, "row 0: the chat template failed on the conversation: ZeroDivisionError"),
         ("type-error", 1, "row 0: the chat template failed on the conversation: TypeError"),
         ("recursion", 1, "row 0: the chat template failed on the conversation: RecursionError"),

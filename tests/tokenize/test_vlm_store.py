@@ -185,3 +185,17 @@ def test_gloo_worlds_1_and_2_write_the_same_bytes(
             hashlib.sha256((vlm_stores["qwen2_5_vl"] / "manifest.json").read_bytes()).hexdigest()
         }
         assert tree_digest(out) == tree_digest(vlm_stores["qwen2_5_vl"])
+
+
+def test_a_subset_manifest_edited_between_two_builds_in_one_process_is_read_again(
+    vlm_subset: Path, processor_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    subset = Path(shutil.copytree(vlm_subset, tmp_path / "subset"))
+    first = VlmStore(build_vlm_store(subset, processor=processor_dirs["qwen3_vl"], cache_dir=tmp_path / "c"))
+    manifest = json.loads((subset / "manifest.json").read_text())
+    record = manifest["images"][0]
+    record["width"], record["height"] = 2 * record["width"], 2 * record["height"]  # the same path
+    (subset / "manifest.json").write_text(json.dumps(manifest))
+    second = VlmStore(build_vlm_store(subset, processor=processor_dirs["qwen3_vl"], cache_dir=tmp_path / "c"))
+    assert second.path != first.path
+    assert second.grid[0].tolist() != first.grid[0].tolist()  # from the edited manifest, not a cached table

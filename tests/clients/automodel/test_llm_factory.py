@@ -151,3 +151,17 @@ def test_a_yaml_typo_is_a_type_error_naming_the_option_meant(snapshot: dict[str,
         TypeError, match=r"got unknown option\(s\): 'seq_len' \(did you mean 'seq_length'\?\)"
     ):
         _make(snapshot, seq_len=64)
+
+
+def test_a_wrong_tokenizer_path_for_a_token_store_is_an_error_naming_both(
+    snapshot: dict[str, Path], tmp_path: Path
+) -> None:
+    _make(snapshot, seq_length=96, cache_dir=tmp_path / "stores")
+    (store,) = (p for p in (tmp_path / "stores").iterdir() if not p.name.startswith("."))
+    other = build_chat_tokenizer(tmp_path / "other")
+    (other / "chat_template.jinja").write_text("{{ 'x' }}" + (other / "chat_template.jinja").read_text())
+    with pytest.raises(ConfigError, match=rf"the token store {store} was built with another tokenizer than"):
+        make_puzzletron_chat_dataset(store, seq_length=96, tokenizer_path=other)
+    with pytest.raises(ConfigError, match="holds split 'train', not the split 'validation' asked for"):
+        make_puzzletron_chat_dataset(store, seq_length=96, split="validation")
+    assert make_puzzletron_chat_dataset(store, seq_length=96, tokenizer_path=snapshot["tokenizer"])  # its own

@@ -91,3 +91,19 @@ def test_verify_reports_a_manifest_whose_images_is_not_a_list(tmp_path):
     (dest / "manifest.json").write_text(json.dumps(manifest))
     report = verify_subset(dest)
     assert "'images' is 3; expected a list of records" in report.problems[0]
+
+
+def test_a_manifest_that_lies_about_an_images_size_is_reported(tmp_path):
+    dest = tmp_path / "subset"
+    materialize_normalized_conversation_samples(iter(single_samples(3)), dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    record = manifest["images"][1]
+    width, height = record["width"], record["height"]
+    record["width"], record["height"] = 10 * width, 10 * height  # file and SHA-256 untouched
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    report = verify_subset(dest)
+    assert not report.ok
+    image = f"image of sample {record['sample_index']} (row {record.get('row_id')!r}) {record['path']!r}"
+    assert report.problems == (
+        f"{dest}: {image}: is {width}x{height}, the manifest records {10 * width}x{10 * height}",
+    )

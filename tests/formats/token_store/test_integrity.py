@@ -11,6 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 
@@ -196,6 +197,43 @@ def test_a_pasted_identity_of_another_split_is_not_reused(
             snapshot, tokenizer=tokenizer_dir, output=store, split="validation", options=OPTIONS
         )
     assert "identity.snapshot.rows is 24; counts.rows is 200 (an identity of other data)" in _one_line(exc)
+
+
+def _paste_identity(store: Path, other: Path) -> None:
+    """Copy `other`'s identity and its hash into `store`'s manifest (both self-consistent)."""
+    foreign = json.loads((other / "manifest.json").read_text())
+    edit_manifest(store, "identity", foreign["identity"])
+    edit_manifest(store, "identity_sha256", foreign["identity_sha256"])
+
+
+@pytest.mark.parametrize("case", ["equal rows: another tokenizer", "no rows: a plain save_to_disk split"])
+def test_a_pasted_identity_with_equal_or_no_rows_is_refused_everywhere(
+    store_path: Path, snapshot: Path, tokenizer_dir: Path, tmp_path: Path, case: str
+) -> None:
+    if case.startswith("equal rows"):  # the same split under another template: the same counts
+        source, tok = snapshot, Path(shutil.copytree(tokenizer_dir, tmp_path / "tok"))
+        (tok / "chat_template.jinja").write_text("{{ 'x' }}" + (tok / "chat_template.jinja").read_text())
+        victim = Path(shutil.copytree(store_path, tmp_path / "victim"))
+    else:  # a plain folder: its identity records no rows
+        plain = tmp_path / "plain"
+        datasets.load_from_disk(str(snapshot / "train")).save_to_disk(str(plain))
+        source, tok = plain, tokenizer_dir
+        victim = build_token_store(
+            snapshot, tokenizer=tokenizer_dir, output=tmp_path / "victim", options=OPTIONS
+        )
+    other = build_token_store(source, tokenizer=tok, output=tmp_path / "other", options=OPTIONS)
+    _paste_identity(victim, other)
+    says = "content_sha256 does not bind identity_sha256 to the files this manifest records"
+    with pytest.raises(SnapshotError, match=says):
+        TokenStore(victim)  # not served
+    report = formats.verify(victim)
+    assert not report.ok and says in report.problems[0]
+    with pytest.raises(SnapshotError, match=says):  # not reused: the build refuses the damaged store there
+        build_token_store(source, tokenizer=tok, output=victim, options=OPTIONS)
+    cache = tmp_path / "cache"
+    shutil.copytree(victim, cache / "pasted")
+    found = build_token_store(source, tokenizer=tok, cache_dir=cache, options=OPTIONS)
+    assert found != cache / "pasted" and TokenStore(found).manifest == TokenStore(other).manifest
 
 
 # -------------------------------------------------------------------------- a forger's index: consistency

@@ -22,7 +22,7 @@ from puzzletron.dataset import formats
 from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.errors import ConfigError, SubsetError
 from puzzletron.dataset.formats.text_snapshot import load_text_split
-from puzzletron.dataset.formats.token_store import TokenStore
+from puzzletron.dataset.formats.token_store import TokenStore, content_sha256
 from puzzletron.dataset.tokenize import labels_from_mask, tokenize_conversations
 from puzzletron.dataset.tokenize.store import build_token_store
 
@@ -182,6 +182,7 @@ def test_verify_catches_an_inconsistent_index_behind_matching_hashes(
     manifest = json.loads((store_dir / "manifest.json").read_text())
     record = next(r for r in manifest["files"] if r["path"] == "index/lengths.u32")
     record["sha256"] = formats.manifest.sha256_file(store_dir / "index" / "lengths.u32")  # re-signed
+    manifest["content_sha256"] = content_sha256(manifest)  # and the binding: a forger's store
     (store_dir / "manifest.json").write_text(json.dumps(manifest))
     report = formats.verify(store_dir)
     assert report.problems and "disagree in samples" in report.problems[0]
@@ -274,6 +275,7 @@ def _forge(store_dir: Path, rel: str, data: bytes) -> None:
     blocks = np.concatenate(sums).astype("<u8").tobytes()
     (store_dir / "index/blocks.u64").write_bytes(blocks)
     records["index/blocks.u64"]["sha256"] = hashlib.sha256(blocks).hexdigest()
+    manifest["content_sha256"] = content_sha256(manifest)
     (store_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 

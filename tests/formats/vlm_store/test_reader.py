@@ -16,6 +16,7 @@ from puzzletron.dataset import formats
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats.blocks import block_sums
 from puzzletron.dataset.formats.manifest import sha256_file
+from puzzletron.dataset.formats.token_store import content_sha256
 from puzzletron.dataset.formats.vlm_store import VlmStore
 
 
@@ -35,6 +36,8 @@ def _sign(manifest_path: Path, root: Path, blocks_rel: str) -> None:
     for record in manifest["files"]:
         record["sha256"] = sha256_file(root / record["path"])
         record["bytes"] = (root / record["path"]).stat().st_size
+    if "content_sha256" in manifest:  # the token store's binding of its identity to its files
+        manifest["content_sha256"] = content_sha256(manifest)
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
@@ -140,7 +143,8 @@ def test_a_truncated_or_missing_file_fails_verify_and_the_reader_refuses_to_open
 
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("version", 1, "VLM store version 1 is not supported"),
-    ("version", 3, "VLM store version 3 is not supported"),
+    ("version", 2, "VLM store version 2 is not supported"),
+    ("version", 4, "VLM store version 4 is not supported"),
     ("format", "puzzletron-token-store", "not a VLM store"),
 ])  # fmt: skip
 def test_the_reader_refuses_another_version_or_format(

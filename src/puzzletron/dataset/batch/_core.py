@@ -22,7 +22,6 @@ is equal only to itself and hashes by identity.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import operator
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -36,11 +35,12 @@ from puzzletron.dataset._checks import coerce_enum, require_int, require_rank
 from puzzletron.dataset._enums import DataLayout, Modality
 from puzzletron.dataset.batch import _splits, _validation
 from puzzletron.dataset.batch._fingerprint import content_equal, content_hash, fingerprint_of
+from puzzletron.dataset.batch._keys import PER_IMAGE_KWARGS, VIDEO_KWARGS
 from puzzletron.dataset.batch._metadata import PackedSequenceMetadata
 from puzzletron.dataset.batch._tables import from_fields
 from puzzletron.dataset.errors import BatchValidationError
 
-__all__ = ["MAX_PAD_MULTIPLE", "MAX_PAD_TOKENS", "PuzzletronBatch", "token_targets"]
+__all__ = ["MAX_PAD_BYTES", "MAX_PAD_MULTIPLE", "MAX_PAD_TOKENS", "PuzzletronBatch", "token_targets"]
 
 # A pipeline schedule pads to its microbatch count; anything this large is a mistake, not a schedule (and
 # 2**40 padding rows would be an allocation failure deep inside torch).
@@ -48,6 +48,10 @@ MAX_PAD_MULTIPLE = 2**16
 # The padding rows' tokens one call may add (about 20 bytes a token over labels, masks and kwargs: ~300 MB):
 # a multiple that would pad 2 x 4,096 tokens to 2**16 rows is refused before anything is allocated.
 MAX_PAD_TOKENS = 2**24
+# ... and the bytes they may take: tokens alone do not bound them (2**16 rows of inputs_embeds [256, 1024]
+# are 2**24 tokens and 68 GB), so the padding's bytes, counted over every tensor it grows, are bounded too.
+MAX_PAD_BYTES = 2**30
+_MEDIA_KWARGS = frozenset({"pixel_values", *PER_IMAGE_KWARGS, *VIDEO_KWARGS})  # never padded
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,18 +121,43 @@ class PuzzletronBatch:
     def sequence_length(self) -> int:
         return int(self.input_ids.shape[1])
 
-    @functools.cached_property
+    @property
     def fingerprint(self) -> str:
-        """SHA-256 hex digest of the content; computed on first access (tensors copied to host then)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return fingerprint_of(fields, where="PuzzletronBatch")
+        """SHA-256 hex digest of the content; computed on first access (tensors copied to host then) and
+        cached with every tensor's in-place version counter: a tensor changed in place after that (the
+        cached digest would be of other content) is a `BatchValidationError` naming it on every later read
+        (``docs/batch-contract.md``, "Fingerprint")."""
+        cached = self.__dict__.get("_fingerprint")
+        if cached is None:
+            fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            cached = (fingerprint_of(fields, where="PuzzletronBatch"), _validation.tensor_versions(self))
+            object.__setattr__(self, "_fingerprint", cached)
+        self._unchanged()
+        return cached[0]
+
+    def _unchanged(self) -> None:
+        """`BatchValidationError` naming the first tensor changed in place since the fingerprint was read
+        (nothing when it was not read: no hashing here, only the tensors' version counters)."""
+        cached = self.__dict__.get("_fingerprint")
+        if cached is None:
+            return
+        versions = _validation.tensor_versions(self)
+        if cached[1] != versions:
+            changed = next(name for (name, v), (_, w) in zip(cached[1], versions, strict=True) if v != w)
+            raise BatchValidationError(
+                f"{changed} was changed in place after the batch's fingerprint was read; a batch's tensors "
+                "are not to be mutated (build a new batch: replace_model_kwargs, or clone before editing)"
+            )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PuzzletronBatch):
             return NotImplemented
+        self._unchanged()
+        other._unchanged()
         return content_equal(self, other, operator.attrgetter("fingerprint"))
 
     def __hash__(self) -> int:
+        self._unchanged()
         return content_hash(self, operator.attrgetter("fingerprint"))
 
     def __reduce__(self) -> tuple[Callable[..., PuzzletronBatch], tuple[type, dict[str, Any]]]:
@@ -246,7 +275,7 @@ class PuzzletronBatch:
         ``n_videos_per_sample`` with 0), labels -100, masks False, ``seq_ids`` -1, ``media_counts`` 0. Media
         tensors are the same objects, global cu is untouched, flash ``cu_seq_lens_q/k`` are dropped,
         ``sample_ids`` (when given) gain ``__pp_padding_<i>``. Padding of more than `MAX_PAD_TOKENS` tokens
-        is refused before anything is allocated.
+        or `MAX_PAD_BYTES` bytes (over every tensor it grows) is refused before anything is allocated.
         """
         multiple = require_int(
             multiple, "multiple", minimum=1, maximum=MAX_PAD_MULTIPLE, error=BatchValidationError
@@ -259,6 +288,16 @@ class PuzzletronBatch:
                 f"pad_batch_to_multiple({multiple}) would add {extra} rows of {self.sequence_length} tokens "
                 f"({extra * self.sequence_length} > MAX_PAD_TOKENS = {MAX_PAD_TOKENS}); a pipeline schedule "
                 "pads to its microbatch count"
+            )
+        kwargs = [t for k, t in self.model_kwargs.items() if k not in _MEDIA_KWARGS]
+        targets = [self.labels, self.ce_mask, self.kd_mask, self.hidden_mask, self.sequence.seq_ids]
+        grown = [t for t in (*kwargs, *targets) if isinstance(t, torch.Tensor)]
+        row_bytes = sum(t.numel() * t.element_size() for t in grown) // max(self.batch_size, 1)
+        if extra * row_bytes > MAX_PAD_BYTES:
+            raise BatchValidationError(
+                f"pad_batch_to_multiple({multiple}) would add {extra} rows of {row_bytes} bytes "
+                f"({extra * row_bytes} > MAX_PAD_BYTES = {MAX_PAD_BYTES}); a pipeline schedule pads to its "
+                "microbatch count"
             )
         return _splits.padded(self, extra)
 

@@ -21,13 +21,14 @@ import torch
 from puzzletron.dataset._checks import is_int
 from puzzletron.dataset.batch import _fast
 from puzzletron.dataset.batch import segments as _segments
+from puzzletron.dataset.batch._floats import float_rules
 from puzzletron.dataset.batch._keys import IGNORE_INDEX, MASK_FIELDS, SEQUENCE_KWARGS, VIDEO_COUNT_KWARGS
 from puzzletron.dataset.batch._metadata import TENSOR_FIELDS
 from puzzletron.dataset.batch._view import BatchView
 from puzzletron.dataset.batch.segments import is_integer_dtype
 from puzzletron.dataset.errors import BatchValidationError
 
-__all__ = ["check_token_indices", "validate", "video_counts"]
+__all__ = ["check_token_indices", "tensor_versions", "validate", "video_counts"]
 
 TOKEN_DTYPES = (
     torch.int32,
@@ -188,6 +189,7 @@ def validate(b: BatchView, *, packed: bool) -> None:
         raise BatchValidationError("sequence.media_offsets needs sequence.media_counts")
     _check_video_counts(b.model_kwargs, B, checks)
     _check_grids(b.model_kwargs, checks)
+    float_rules(b.model_kwargs, checks.add)
 
     if checks.passes(b, packed=packed):
         return
@@ -207,6 +209,11 @@ def _tensors(b: BatchView) -> Iterator[tuple[str, torch.Tensor]]:
     for name in TENSOR_FIELDS:
         if getattr(b.sequence, name) is not None:
             yield f"sequence.{name}", getattr(b.sequence, name)
+
+
+def tensor_versions(b: BatchView) -> tuple[tuple[str, int], ...]:
+    """``(name, in-place version counter)`` of every tensor of ``b`` (no host sync: a Python counter)."""
+    return tuple((name, t._version) for name, t in _tensors(b))
 
 
 def _check_tensor_kinds(b: BatchView) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "decode_rgb",
     "encode_image",
     "extension_for",
+    "shown_size",
 ]
 
 # The one reason a Hub row's image reference that is not inside the downloaded files is refused with: it says
@@ -264,6 +265,18 @@ def encode_image(value: Any, *, where: str = "image", local_paths: bool = True) 
         f"{where}: unsupported image value of type {type(value).__name__}; expected a PIL image, "
         "an {'bytes', 'path'} struct, bytes, a local path or an EncodedImage"
     )
+
+
+def shown_size(data: bytes, *, where: str = "image") -> tuple[int, int]:
+    """``(width, height)`` of encoded `data` as displayed (EXIF orientations 5-8 swap them: what a subset's
+    manifest records and `decode_rgb` gives), read from its header alone; `ImageError` naming `where` when
+    it is not an image in `DECODED_FORMATS`."""
+    try:
+        with Image.open(io.BytesIO(data), formats=_OPENERS) as image:
+            width, height = image.size
+            return (height, width) if _orientation(image) in _TURNED else (width, height)
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageError(f"{where}: cannot read the image's header ({type(exc).__name__}: {exc})") from exc
 
 
 def decode_rgb(data: bytes, *, where: str = "image") -> Image.Image:

@@ -41,7 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.errors import SnapshotError
-from puzzletron.dataset.formats.manifest import MANIFEST, VerifyReport, load_json, parse_json
+from puzzletron.dataset.formats._fetch import fetch_listed
+from puzzletron.dataset.formats.manifest import (
+    MANIFEST,
+    MAX_JSON_BYTES,
+    VerifyReport,
+    load_json,
+    parse_json,
+    read_bounded,
+)
 from puzzletron.dataset.formats.subset import (
     SUBSET_FORMAT,
     describe_subset,
@@ -68,7 +76,7 @@ from puzzletron.dataset.formats.vlm_store import (
     render_vlm_store,
     verify_vlm_store,
 )
-from puzzletron.dataset.storage.objects import Objects, is_url, join_url, url_name
+from puzzletron.dataset.storage.objects import is_url, join_url, url_name
 from puzzletron.dataset.storage.sources import open_source
 
 __all__ = [
@@ -141,34 +149,44 @@ def format_of(manifest: Any, where: str = MANIFEST) -> str:
     return name
 
 
+def _remote_manifest(url: str) -> tuple[bytes, Any, str]:
+    """The manifest at `url`: its bytes (bounded by its listed size, `MAX_JSON_BYTES`), value and format."""
+    where = join_url(url, MANIFEST)
+    try:
+        raw = read_bounded(open_source(url, cache=None), MANIFEST, "the manifest", max_bytes=MAX_JSON_BYTES)
+    except SnapshotError as exc:
+        raise SnapshotError(f"{where}: no snapshot there ({exc})") from None
+    try:
+        manifest = parse_json(raw, "the manifest")
+    except ValueError as exc:
+        raise SnapshotError(f"{where}: {exc}") from None
+    return raw, manifest, format_of(manifest, where)
+
+
 def detect(path: str | Path) -> str:
     """The format name of the snapshot at `path` (a folder or an URL), read from its ``manifest.json``."""
     if is_url(path):
-        where = join_url(str(path), MANIFEST)
-        try:
-            raw = open_source(str(path), cache=None).read_bytes(MANIFEST)
-            return format_of(parse_json(raw, "the manifest"), where)
-        except SnapshotError as exc:
-            raise SnapshotError(f"{where}: no snapshot there ({exc})") from None
-        except ValueError as exc:
-            raise SnapshotError(f"{where}: {exc}") from None
+        return _remote_manifest(str(path).rstrip("/"))[2]
     manifest_path = _folder(path) / MANIFEST
     return format_of(load_json(manifest_path, "the manifest"), str(manifest_path))
 
 
-def _downloaded(url: str, run: Callable[[Path], Any]) -> Any:
-    """`run(folder)` on a temporary local copy of every object under `url` (formats read whole: a subset,
-    a text snapshot)."""
+def _downloaded(url: str, run: Callable[[Path, list[str]], Any]) -> Any:
+    """`run(folder, problems)` on a temporary local copy of the snapshot at `url` (formats read whole: a
+    subset, a text snapshot): only the files its manifest lists (`_fetch.fetch_listed`), with the problems
+    the listing showed."""
+    raw, manifest, name = _remote_manifest(url)
     with tempfile.TemporaryDirectory(prefix="puzzletron-fetch-") as tmp:
         folder = Path(tmp) / url_name(url)
-        Objects(url).download(folder)
-        return run(folder)
+        problems = fetch_listed(url, folder, name, raw, manifest)
+        return run(folder, problems)
 
 
 def verify(path: str | Path) -> VerifyReport:
     """Verify the snapshot at `path` (a folder or an URL) with its format's verifier; a directory whose
     format cannot be told is a report with that one problem (never an exception). A token store at an URL
-    is streamed once; another format is downloaded to a temporary folder and verified there."""
+    is streamed once; another format's listed files are downloaded to a temporary folder and verified
+    there (anything else under the prefix is never fetched)."""
     root: Any = str(path).rstrip("/") if is_url(path) else Path(path).absolute()
     try:
         name = detect(root)
@@ -177,12 +195,15 @@ def verify(path: str | Path) -> VerifyReport:
     if isinstance(root, Path) or name == TOKEN_STORE_FORMAT:
         return FORMATS[name].verify(root)
 
-    def local(folder: Path) -> VerifyReport:
+    def local(folder: Path, listed: list[str]) -> VerifyReport:
         report = FORMATS[name].verify(folder)
-        problems = tuple(p.replace(str(folder), root) for p in report.problems)
+        problems = tuple(p.replace(str(folder), root) for p in report.problems) + tuple(listed)
         return dataclasses.replace(report, path=root, problems=problems)
 
-    return _downloaded(root, local)
+    try:
+        return _downloaded(root, local)
+    except SnapshotError as exc:
+        return VerifyReport(root, 0, 0, (str(exc),), name)
 
 
 def _folder(path: str | Path) -> Path:
@@ -200,7 +221,7 @@ def describe(path: str | Path) -> dict[str, Any]:
         url, name = str(path).rstrip("/"), detect(path)
         if name == TOKEN_STORE_FORMAT:
             return FORMATS[name].describe(url)
-        return _downloaded(url, lambda folder: {**FORMATS[name].describe(folder), "path": url})
+        return _downloaded(url, lambda folder, _: {**FORMATS[name].describe(folder), "path": url})
     root = Path(path).absolute()
     return FORMATS[detect(root)].describe(root)
 

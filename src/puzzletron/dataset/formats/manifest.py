@@ -4,6 +4,14 @@ path-inside-root check, the reuse comparison and the report `verify` returns.
 A snapshot is a directory with a JSON ``manifest.json`` that lists its files with their sizes and SHA-256s.
 Reuse checks sizes (cheap); verify reads every byte. The formats: ``docs/subset-format.md`` and
 ``docs/text-snapshot-format.md``.
+
+Every JSON file a format reads goes through one bounded reader (``docs/trust-model.md``): `read_regular`
+opens without blocking and reads only a regular file (a FIFO, a device or a folder named
+``manifest.json`` is refused, never waited on), of at most a bound of bytes (`MAX_JSON_BYTES`, 1 GiB: a
+subset's manifest lists every image; `MAX_MANIFEST_BYTES`, 64 MiB: a store's manifest, which grows with
+its shards only, and what a store lookup reads); `read_bounded` holds a `ByteSource` (an URL) to the same
+bound from its listed size before a byte is fetched; `parse_json` bounds the nesting (64 levels) and
+refuses what is not UTF-8 text. Each refusal is one `SnapshotError` naming the file.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -19,6 +28,7 @@ from typing import Any
 
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
+from puzzletron.dataset.storage.local import hash_file
 
 __all__ = [
     "MANIFEST",
@@ -34,6 +44,8 @@ __all__ = [
     "inside",
     "load_json",
     "parse_json",
+    "read_bounded",
+    "read_regular",
     "require_same_acquisition",
     "sha256_file",
     "verify_file",
@@ -41,7 +53,8 @@ __all__ = [
 
 MANIFEST = "manifest.json"
 MAX_JSON_DEPTH = 64  # deeper than anything we write or read from a source (a Nemotron row is ~6 levels)
-_CHUNK = 1 << 20
+MAX_JSON_BYTES = 1 << 30  # any JSON file a format reads (a subset's manifest: ~200 bytes an image)
+MAX_MANIFEST_BYTES = 64 << 20  # a store's manifest (~130 bytes a shard file) and what a lookup reads
 
 
 @dataclass(frozen=True)
@@ -64,12 +77,8 @@ class VerifyReport:
 
 
 def sha256_file(path: Path) -> str:
-    """The hex SHA-256 of the file at `path`, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """The hex SHA-256 of the file at `path`."""
+    return hash_file(path, hashlib.sha256())
 
 
 def canonical_sha256(value: Any) -> str:
@@ -149,16 +158,64 @@ def parse_json(data: bytes | str, what: str, *, max_depth: int | None = MAX_JSON
     return value
 
 
-def load_json(path: Path, what: str, *, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
-    """The JSON value in the file `path`; `SnapshotError` saying `what` is missing or unreadable (not
-    UTF-8, not JSON, nested too deep: `parse_json`)."""
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):  # fmt: skip
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _too_big(where: Any, what: str, size: int, max_bytes: int) -> SnapshotError:
+    return SnapshotError(
+        f"{where}: {what} is {human_size(size)} ({size} bytes); at most {human_size(max_bytes)} are read"
+    )
+
+
+def read_regular(path: Path, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of the regular file `path`, at most `max_bytes`; `SnapshotError` saying `what` is missing,
+    unreadable, not a regular file (opened with ``O_NONBLOCK`` and checked with ``fstat`` before a byte is
+    read: a FIFO never blocks the caller, a device is never read) or larger than the bound."""
     try:
-        with open(path, "rb") as fh:
-            return parse_json(fh.read(), what, max_depth=max_depth)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError as exc:
         raise SnapshotError(f"{path}: {what} is missing") from exc
     except OSError as exc:
-        raise SnapshotError(f"{path}: {what} is unreadable: {exc}") from exc
+        raise SnapshotError(f"{path}: {what} is unreadable: {exc.strerror or exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SnapshotError(f"{path}: {what} is a {_kind(st.st_mode)}, not a regular file")
+        if st.st_size > max_bytes:
+            raise _too_big(path, what, st.st_size, max_bytes)
+        with open(fd, "rb", closefd=False) as fh:
+            data = fh.read(max_bytes + 1)  # the file may have grown since fstat
+    except OSError as exc:
+        raise SnapshotError(f"{path}: {what} is unreadable: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise _too_big(path, what, len(data), max_bytes)
+    return data
+
+
+def read_bounded(source: Any, rel: str, what: str, *, max_bytes: int = MAX_MANIFEST_BYTES) -> bytes:
+    """The file `rel` of the `ByteSource` `source` (an URL's objects), refused from its listed size before
+    a byte is fetched when it is larger than `max_bytes` (`SnapshotError` naming it)."""
+    size = source.size(rel)
+    if size > max_bytes:
+        raise _too_big(f"{source.root}/{rel}", what, size, max_bytes)
+    return source.read_bytes(rel)
+
+
+def load_json(
+    path: Path, what: str, *, max_depth: int | None = MAX_JSON_DEPTH, max_bytes: int = MAX_JSON_BYTES
+) -> Any:
+    """The JSON value in the file `path`; `SnapshotError` saying `what` is missing or unreadable (not a
+    regular file, over `max_bytes`: `read_regular`; not UTF-8, not JSON, nested too deep: `parse_json`)."""
+    data = read_regular(path, what, max_bytes=max_bytes)
+    try:
+        return parse_json(data, what, max_depth=max_depth)
     except ValueError as exc:
         raise SnapshotError(f"{path}: {exc}") from exc
 

@@ -15,8 +15,11 @@ the seed and `PLANNER_VERSION`. A folder is ``<cache>/<first 16 hex digits of th
     row_lengths.npy     int64 [rows]            dropped.npy      int64 [n_dropped]
     units_<field>.npy   the cut samples' spans (truncate / split only)
 
-A folder is checked before it is served (format, version, key, array shapes and their cross-field sums,
-O(rows) work); one that fails is planned again, never served.
+Before a plan is published, its arrays as written are read back and checked against the lengths
+(`_plan_checks.plan_problems`: a permutation of the planned entries, units tiling each sample, row lengths
+the sums of their entries), and ``plan.json`` records each file's xxh3_128. Every caller that maps a folder
+verifies those checksums on the file it maps (streamed reads, nothing of the file kept resident) plus the
+O(rows) cross-field sums; one that fails is planned again under the lock, never served.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
+import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -31,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from puzzletron.dataset.config import PackingSpec
-from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.errors import PackingError, SnapshotError
 from puzzletron.dataset.packing._plan import IndexSequence, PackingPlan, plan_packing
+from puzzletron.dataset.packing._plan_checks import plan_problems
 from puzzletron.dataset.packing._units import Units
 from puzzletron.dataset.storage.atomic import locked, staging_dir
 
@@ -52,7 +59,9 @@ __all__ = [
 ]
 
 PLAN_FORMAT = "puzzletron-packing-plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: plan.json records every file's xxh3_128 (version 1 folders are planned again)
+_CHECKSUM = "xxh3_128"
+_READ = 1 << 26  # bytes of a plan file hashed at a time
 PLANNER_VERSION = 1  # bump when plan_packing's output for the same inputs changes
 _META = "plan.json"
 _ARRAYS = ("sample_order", "row_offsets", "row_lengths", "dropped")
@@ -67,9 +76,12 @@ class MappedPlan(PackingPlan):
 
     folder: Path = field(default=Path(), repr=False)
     key: str = field(default="", repr=False)
+    pins: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return load_plan, (self.folder, self.key)
+        # A worker maps the files this process verified (the same device, inode, size and time: not hashed
+        # again); any other file there is verified against plan.json's checksums first.
+        return load_plan, (self.folder, self.key, self.pins)
 
 
 def plan_key(
@@ -92,8 +104,34 @@ def plan_key(
     return hashlib.sha256(json.dumps(blob, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def _files(units: bool) -> list[str]:
+    return [*_ARRAYS, *(f"units_{name}" for name in _UNIT_FIELDS if units)]
+
+
+def _digest(fh: Any) -> str:
+    """The xxh3_128 of the open file `fh`, hashed from a read-only mapping of it in chunks of `_READ` bytes
+    (no copy), each chunk's pages dropped from this process after it is hashed (they stay in the page cache):
+    whatever the file's size, nothing of it stays resident here."""
+    digest = xxhash.xxh3_128()
+    size = os.fstat(fh.fileno()).st_size
+    if size == 0:
+        return digest.hexdigest()
+    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            for start in range(0, size, _READ):
+                length = min(_READ, size - start)
+                mapped.madvise(mmap.MADV_WILLNEED, start, length)
+                digest.update(view[start : start + length])
+                mapped.madvise(mmap.MADV_DONTNEED, start, length)
+        finally:
+            view.release()
+    return digest.hexdigest()
+
+
 def save_plan(plan: PackingPlan, folder: Path, *, key: str) -> None:
-    """Write `plan` into the empty folder `folder` (arrays first, ``plan.json`` last)."""
+    """Write `plan` into the empty folder `folder`: the arrays, then ``plan.json`` with each file's
+    checksum, read back from the file as written."""
     for name in _ARRAYS:
         value = getattr(plan, name)
         array = value.array() if isinstance(value, IndexSequence) else np.asarray(value, dtype=np.int64)
@@ -101,21 +139,51 @@ def save_plan(plan: PackingPlan, folder: Path, *, key: str) -> None:
     if plan.units is not None:
         for name in _UNIT_FIELDS:
             np.save(folder / f"units_{name}.npy", getattr(plan.units, name))
+    sums = {}
+    for name in _files(plan.units is not None):
+        with open(folder / f"{name}.npy", "rb") as fh:
+            sums[f"{name}.npy"] = _digest(fh)
     meta = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "key": key, "units": plan.units is not None}
     meta |= {name: getattr(plan, name) for name in (*_SCALARS, "cut_samples", "cut_tokens")}
+    meta["checksums"] = {"algorithm": _CHECKSUM, "files": sums}
     (folder / _META).write_text(json.dumps(meta, sort_keys=True) + "\n")
 
 
-def _array(folder: Path, name: str) -> np.ndarray:
+def _map(folder: Path, name: str, digest: Any, pin: Any) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The array of ``<name>.npy`` mapped read-only from the very file whose bytes were checked against
+    `digest` (one open file: a file renamed over it meanwhile is not what is mapped), and its pin (device,
+    inode, size, modification time). A file with `pin` was verified by this plan's mapper: not hashed
+    again."""
+    path = folder / f"{name}.npy"
     try:
-        return np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if tuple(pin or ()) != stamp and _digest(fh) != digest:
+                raise SnapshotError(
+                    f"{folder}: {name}.npy differs from the checksum {_META} records (damaged)"
+                )
+            fh.seek(0)
+            version = np.lib.format.read_magic(fh)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read_header(fh)
+            if dtype.hasobject or fortran:
+                raise ValueError(f"dtype {dtype}, fortran order {fortran}")
+            if int(np.prod(shape)) == 0:
+                return np.zeros(shape, dtype), stamp
+            return np.memmap(fh, dtype=dtype, mode="r", offset=fh.tell(), shape=shape), stamp
     except (OSError, ValueError) as exc:
         raise SnapshotError(f"{folder}: {name}.npy is missing or unreadable ({exc})") from exc
 
 
-def load_plan(folder: str | Path, key: str | None = None) -> MappedPlan:
+def load_plan(folder: str | Path, key: str | None = None, pins: dict[str, Any] | None = None) -> MappedPlan:
     """The plan in `folder`, its arrays memory-mapped read-only; `SnapshotError` naming what is wrong
-    (format, version, key, shapes and sums that disagree) before any array is served."""
+    (format, version, key, a file that differs from its checksum, shapes and sums that disagree) before
+    any array is served. ``pins``: files a mapper verified (`MappedPlan.__reduce__`)."""
     folder = Path(folder)
     try:
         meta = json.loads((folder / _META).read_text())
@@ -125,10 +193,20 @@ def load_plan(folder: str | Path, key: str | None = None) -> MappedPlan:
         raise SnapshotError(f"{folder}: not a {PLAN_FORMAT} version {PLAN_VERSION} ({_META})")
     if key is not None and meta.get("key") != key:
         raise SnapshotError(f"{folder}: holds the plan of key {meta.get('key')!r}, not {key!r}")
-    arrays = {name: _array(folder, name) for name in _ARRAYS}
+    checksums = meta.get("checksums")
+    names = _files(bool(meta.get("units")))
+    sums = checksums.get("files") if isinstance(checksums, dict) else None
+    if (
+        not isinstance(sums, dict)
+        or checksums.get("algorithm") != _CHECKSUM
+        or set(sums) != {f"{n}.npy" for n in names}
+    ):
+        raise SnapshotError(f"{folder}: {_META} does not record the {_CHECKSUM} of every file of the plan")
+    mapped = {name: _map(folder, name, sums[f"{name}.npy"], (pins or {}).get(name)) for name in names}
+    arrays = {name: mapped[name][0] for name in _ARRAYS}
     units = None
     if meta.get("units"):
-        units = Units(**{name: _array(folder, f"units_{name}") for name in _UNIT_FIELDS})
+        units = Units(**{name: mapped[f"units_{name}"][0] for name in _UNIT_FIELDS})
     _check(folder, meta, arrays, units)
     return MappedPlan(
         **{name: meta[name] for name in _SCALARS},
@@ -141,6 +219,7 @@ def load_plan(folder: str | Path, key: str | None = None) -> MappedPlan:
         cut_tokens=meta["cut_tokens"],
         folder=folder,
         key=str(meta["key"]),
+        pins={name: stamp for name, (_, stamp) in mapped.items()},
     )
 
 
@@ -190,7 +269,7 @@ def cached_plan(
         with locked(folder):
             if _published(folder, key) is None:
                 shutil.rmtree(folder, ignore_errors=True)  # damaged (a cache: planning again is correct)
-                planned = plan_packing(
+                plan = plan_packing(
                     lengths,
                     spec,
                     estimated=estimated,
@@ -199,9 +278,20 @@ def cached_plan(
                     keep_at_least=keep_at_least,
                 )
                 with staging_dir(folder) as tmp:
-                    save_plan(planned, tmp, key=key)
+                    save_plan(plan, tmp, key=key)
+                    del plan  # the arrays as written are checked, not these: memory for one copy at a time
+                    _check_written(tmp, key, lengths)
         plan = load_plan(folder, key)
     return plan
+
+
+def _check_written(tmp: Path, key: str, lengths: Any) -> None:
+    """The plan as written in `tmp` (mapped from the files whose checksums its plan.json records) against
+    its invariants (`_plan_checks.plan_problems`) before it is published: a `PackingError` means the
+    planner or the disk broke it, and nothing is published."""
+    problems = plan_problems(load_plan(tmp, key), lengths)
+    if problems:
+        raise PackingError(f"{tmp}: the packing plan as written breaks its invariants: {'; '.join(problems)}")
 
 
 def _published(folder: Path, key: str) -> MappedPlan | None:

@@ -47,6 +47,7 @@ from puzzletron.dataset.tokenize import (
     tokenize_conversations,
     vlm_processor,
 )
+from puzzletron.dataset.tokenize.matching import UNSAID_SPLIT, store_for_call
 from puzzletron.dataset.tokenize.vlm_store import DEFAULT_ROWS_PER_SHARD
 
 __all__ = [
@@ -101,7 +102,7 @@ class SourceOptions:
     tokenizer: Any = None
     processor: Any = None
     subset: str | Path | None = None
-    split: str = "train"
+    split: str = UNSAID_SPLIT  # "train", told apart from a caller's explicit "train"
     cache_dir: str | Path | None = None
     options: TokenizeOptions = TokenizeOptions()
     num_proc: int = 1
@@ -170,18 +171,20 @@ def text_component(source: str | Path | Any, how: SourceOptions) -> Component:
     """The tokenised samples of ``source``: a token store (given, or built/reused in ``how.cache_dir``),
     else tokenised in memory; with ``how.report``, logged (`puzzletron.dataset.pipelines._report`)."""
     tokenizer, split, cache_dir, options = how.tokenizer, how.split, how.cache_dir, how.options
+    asked = {"split": split, "tokenizer": tokenizer, "cache_dir": cache_dir}  # a store must be the call's
     if is_url(source):
         if not is_token_store(source):
             raise SnapshotError(
                 f"{source}: not a token store; build_batches reads token stores at URLs (build one with "
                 "`puzzletron-data tokenize SNAPSHOT --output URL` or cache_dir=URL)"
             )
-        return _from_store(TokenStore(source))
+        return _from_store(store_for_call(TokenStore(source), **asked))
     path = Path(source) if isinstance(source, str | Path) else None
     if path is not None and is_token_store(path):
-        return _from_store(TokenStore(path))
+        return _from_store(store_for_call(TokenStore(path), **asked))
     if store_format(path) in (SUBSET_FORMAT, VLM_STORE_FORMAT):
         raise ConfigError(f"build_batches: {source} is a {store_format(path)}: build_vlm_batches reads it")
+    split = str(split)  # UNSAID_SPLIT is "train"
     if tokenizer is None:
         raise ConfigError(f"build_batches: tokenizer is required to tokenise {source!r} (not a token store)")
     if cache_dir is not None:

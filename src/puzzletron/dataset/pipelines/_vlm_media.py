@@ -41,11 +41,9 @@ __all__ = ["VlmMedia", "VlmPackedBatches", "check_processor"]
 
 
 def check_processor(store: VlmStore, parts: VlmProcessor) -> None:
-    """`ConfigError` unless `parts` is the processor the store's tokens and grids were built with (image
-    token, patch and merge sizes, pixel limits)."""
-    facts = {"image_token_id": parts.image_token_id, **parts.grid.facts()}
-    differing = [f"{k}: store {store.processor.get(k)!r} vs processor {v!r}" for k, v in facts.items()
-                 if store.processor.get(k) != v]  # fmt: skip
+    """`ConfigError` unless `parts` is the processor the store's tokens, grids and pixels were built with
+    (image token, patch and merge sizes, pixel limits, every pixel setting: `VlmProcessor.differences`)."""
+    differing = parts.differences(store.processor)
     if differing:
         raise ConfigError(
             f"the processor does not match the VLM store {store.path} ({'; '.join(differing)}); pass the "
@@ -84,7 +82,14 @@ class VlmMedia:
             g = parts.grid
             width = 3 * g.temporal_patch_size * g.patch_size**2
             return torch.zeros(0, width, dtype=self.pixel_dtype), torch.zeros(0, 3, dtype=torch.long)
-        pixels, got, computed = parts.pixels(self._images(images), grid, dtype=self.pixel_dtype)
+        decoded = self._images(images)
+        if (bad := parts.grid.first_other(decoded, grid)) >= 0:
+            raise SnapshotError(
+                f"image {int(images[bad])} of the VLM store {self.store.path} is {decoded[bad].size[0]}x"
+                f"{decoded[bad].size[1]}, whose grid is not the stored {grid[bad].tolist()} (the subset's "
+                "manifest records another size?)"
+            )
+        pixels, got, computed = parts.pixels(decoded, grid, dtype=self.pixel_dtype)
         want = torch.from_numpy(grid)
         if not computed and not torch.equal(got.long(), want):
             bad = int(torch.nonzero((got.long() != want).any(dim=1))[0])

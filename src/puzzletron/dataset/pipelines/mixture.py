@@ -54,6 +54,7 @@ from puzzletron.dataset.pipelines._core import (
 from puzzletron.dataset.pipelines._mixture_batches import MixtureBatches, supervised_tokens
 from puzzletron.dataset.pipelines._mixture_checks import check_tokenizers, plan_folder
 from puzzletron.dataset.pipelines._report import is_rank_zero, log_mixture
+from puzzletron.dataset.tokenize.matching import UNSAID_SPLIT
 
 __all__ = ["MixtureRankBatches", "build_mixture_batches"]
 
@@ -153,7 +154,7 @@ def build_mixture_batches(
     tokenizer: str | Path | Any = None,
     processor: str | Path | Any = None,
     cache_dir: str | Path | None = None,
-    split: str = "train",
+    split: str = UNSAID_SPLIT,
     subsets: Mapping[str, str | Path] | None = None,
     num_proc: int = 1,
     options: TokenizeOptions = TokenizeOptions(),

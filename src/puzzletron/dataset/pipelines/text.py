@@ -38,6 +38,7 @@ from puzzletron.dataset.pipelines._core import (
 )
 from puzzletron.dataset.pipelines._report import is_rank_zero, log_plan
 from puzzletron.dataset.tokenize import TokenizedText
+from puzzletron.dataset.tokenize.matching import UNSAID_SPLIT
 
 __all__ = ["TextBatches", "build_batches", "is_token_store", "load_text_split"]
 
@@ -66,7 +67,7 @@ def build_batches(
     tokenizer: str | Path | Any = None,
     spec: PuzzletronDataSpec,
     batch_size: int,
-    split: str = "train",
+    split: str = UNSAID_SPLIT,
     dp_rank: int = 0,
     dp_size: int = 1,
     seed: int = 0,
@@ -90,6 +91,10 @@ def build_batches(
     samples into rows of ``spec.packing.pack_size`` (samples longer than it follow
     ``spec.packing.long_samples``, counted in ``plan``); ``padded_varlen`` pads right to the batch max
     rounded up to ``pad_to_multiple_of``; ``fixed`` pads or truncates to ``spec.max_sample_length``.
+
+    ``split`` (default ``"train"``) and ``tokenizer``, when the caller gives them with a token store as
+    ``source``, must be the store's: else the store of that tokenizer found under ``cache_dir``, else a
+    `ConfigError` naming both (`puzzletron.dataset.tokenize.matching`).
 
     ``source`` and ``cache_dir`` may be URLs (``s3://bucket/stores/puzzle-kd``): the store is read through
     the node's object cache (`puzzletron.dataset.storage.remote`; ``docs/object-storage.md``).

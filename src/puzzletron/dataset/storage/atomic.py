@@ -46,6 +46,7 @@ from puzzletron.dataset.errors import ConfigError
 __all__ = [
     "NAME_MAX",
     "check_destination",
+    "close_in_children",
     "fsync_path",
     "fsync_tree",
     "locked",
@@ -82,6 +83,16 @@ def _forget_locks_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_locks_in_child)
+
+
+def close_in_children(key: str, fd: int | None) -> None:
+    """Have the lock descriptor `fd` this process holds closed in every forked child (None: forget `key`),
+    as this module's own locks are (`storage.scratch`'s folder locks use it)."""
+    with _HELD_GUARD:
+        if fd is None:
+            _LOCK_FDS.pop(key, None)
+        else:
+            _LOCK_FDS[key] = fd
 
 
 def with_path(exc: OSError, path: Path) -> OSError:

@@ -29,9 +29,18 @@ import numpy as np
 
 from puzzletron.dataset.errors import SnapshotError
 
-__all__ = ["MAX_OPEN", "FileIdentity", "LocalFiles", "pread_into"]
+__all__ = ["MAX_OPEN", "FileIdentity", "LocalFiles", "hash_file", "pread_into"]
 
 MAX_OPEN = 128  # descriptors a LocalFiles keeps open
+
+
+def hash_file(path: str | os.PathLike[str], digest: Any) -> str:
+    """The hex digest of the file at `path` by the hashlib-style `digest` (``hashlib.sha256()``,
+    ``xxhash.xxh3_128()``), read in 8 MiB chunks."""
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

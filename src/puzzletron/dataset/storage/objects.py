@@ -28,11 +28,12 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from puzzletron.dataset.errors import ConfigError, SnapshotError
+from puzzletron.dataset.storage.settings import check_retries, check_seconds, object_settings
 
 __all__ = [
     "ObjectChanged",
@@ -49,6 +50,7 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _FS: dict[tuple[Any, ...], Any] = {}  # (protocol, options, pid, environment) -> this process's filesystem
 _FS_GUARD = threading.Lock()
 _BACKOFF_S = (0.1, 0.3, 1.0, 3.0, 10.0)
+_MIN_RATE = float(1 << 20)  # bytes a second a whole-object transfer is allowed on top of the deadline
 
 
 def is_url(location: Any) -> bool:
@@ -88,30 +90,37 @@ class ObjectInfo:
     etag: str | None
 
 
-def _env_float(name: str, default: float) -> float:
-    text = os.environ.get(name)
-    try:
-        return float(text) if text else default
-    except ValueError:
-        raise ConfigError(f"{name}={text!r}: expected a number of seconds") from None
+def _setting(name: str) -> Any:
+    return lambda: getattr(object_settings(), name)
 
 
 @dataclass(frozen=True)
 class ObjectOptions:
-    """Bounds of every request: seconds to connect, seconds a read may wait for bytes, retries after the
-    first attempt. Defaults from ``PUZZLETRON_OBJECT_CONNECT_TIMEOUT_S`` (10),
-    ``PUZZLETRON_OBJECT_READ_TIMEOUT_S`` (60), ``PUZZLETRON_OBJECT_RETRIES`` (4)."""
+    """Bounds of every request: seconds to connect, seconds a read may wait for the next bytes, retries
+    after the first attempt, and seconds one whole request may take (a server trickling a body still ends
+    within it; a whole-object upload or download gets one more second a MiB). Defaults from
+    ``PUZZLETRON_OBJECT_CONNECT_TIMEOUT_S`` (10), ``..._READ_TIMEOUT_S`` (60), ``..._RETRIES`` (4) and
+    ``..._REQUEST_TIMEOUT_S`` (300), read and checked by `storage.settings`; values given here are checked
+    the same way (finite seconds above 0, a whole number of retries)."""
 
-    connect_timeout_s: float = field(
-        default_factory=lambda: _env_float("PUZZLETRON_OBJECT_CONNECT_TIMEOUT_S", 10)
-    )
-    read_timeout_s: float = field(default_factory=lambda: _env_float("PUZZLETRON_OBJECT_READ_TIMEOUT_S", 60))
-    retries: int = field(default_factory=lambda: int(_env_float("PUZZLETRON_OBJECT_RETRIES", 4)))
+    connect_timeout_s: float = field(default_factory=_setting("connect_timeout_s"))
+    read_timeout_s: float = field(default_factory=_setting("read_timeout_s"))
+    retries: int = field(default_factory=_setting("retries"))
+    request_timeout_s: float = field(default_factory=_setting("request_timeout_s"))
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout_s", "read_timeout_s", "request_timeout_s"):
+            object.__setattr__(self, name, check_seconds(getattr(self, name), name))
+        check_retries(self.retries, "retries")
+
+    def deadline(self, size: int = 0) -> float:
+        """Seconds one request moving `size` bytes (a whole-object transfer) may take."""
+        return self.request_timeout_s + size / _MIN_RATE
 
 
 def _retryable() -> tuple[type[BaseException], ...]:
     """The errors a new attempt may cure: dropped, reset, stalled or refused connections."""
-    kinds: list[type[BaseException]] = [OSError, asyncio.TimeoutError, EOFError, _ShortBody]
+    kinds: list[type[BaseException]] = [OSError, asyncio.TimeoutError, EOFError, _ShortBody, _Deadline]
     try:
         import aiohttp
         from botocore import exceptions as bx
@@ -124,6 +133,10 @@ def _retryable() -> tuple[type[BaseException], ...]:
 
 class _ShortBody(Exception):
     """A body shorter than the range asked for (the connection ended early)."""
+
+
+class _Deadline(Exception):
+    """A request that took longer than its deadline (`ObjectOptions.deadline`): cancelled, tried again."""
 
 
 def _error_code(exc: BaseException) -> str:
@@ -167,7 +180,8 @@ class Objects:
     def _make_fs(self) -> Any:
         import fsspec
 
-        kwargs: dict[str, Any] = {"skip_instance_cache": True}
+        # no listings cache: an object written since a listing (a claim, a manifest) must be seen
+        kwargs: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
         if self.is_s3:
             kwargs["config_kwargs"] = {
                 "connect_timeout": self.options.connect_timeout_s,
@@ -195,26 +209,28 @@ class Objects:
     def list(self, rel: str = "") -> dict[str, ObjectInfo]:
         """Every object under the prefix (or its sub-prefix `rel`), by path relative to the prefix."""
         base = self.path(rel).rstrip("/") + "/"
-        found = self._retry(lambda: self.fs.find(base, detail=True), f"listing {self.url_of(rel)}")
+        found = self._retry(f"listing {self.url_of(rel)}", "find", base, detail=True)
         out = {}
         for name, info in sorted(found.items()):
             if info.get("type", "file") != "file" or not name.startswith(base):
                 continue
-            etag = info.get("ETag") or info.get("etag")
-            out[name[len(self._root) + 1 :]] = ObjectInfo(int(info["size"]), str(etag) if etag else None)
+            out[name[len(self._root) + 1 :]] = ObjectInfo(int(info["size"]), _etag(info))
         return out
 
+    def info(self, rel: str) -> ObjectInfo | None:
+        """The size and ETag of the object `rel` (one HEAD), or None when there is none."""
+        try:
+            info = self._retry(f"looking up {self.url_of(rel)}", "info", self.path(rel))
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(int(info["size"]), _etag(info)) if info.get("type", "file") == "file" else None
+
     def get(self, rel: str) -> bytes | None:
-        """The whole object `rel`, or None when there is none."""
-        path = self.path(rel)
-
-        def once() -> bytes | None:
-            try:
-                return self.fs.cat_file(path)
-            except FileNotFoundError:
-                return None
-
-        return self._retry(once, f"reading {self.url_of(rel)}")
+        """The whole object `rel`, or None when there is none (a caller bounds its size from a listing)."""
+        try:
+            return self._retry(f"reading {self.url_of(rel)}", "cat_file", self.path(rel))
+        except FileNotFoundError:
+            return None
 
     def get_range(self, rel: str, start: int, stop: int, *, etag: str | None = None) -> bytes:
         """Bytes ``[start, stop)`` of `rel`, exactly that many; with `etag` (S3), `ObjectChanged` when the
@@ -233,8 +249,9 @@ class Objects:
 
             fs = self.fs
             return fsspec.asyn.sync(fs.loop, self._s3_ranges, fs, rel, spans, etag)
-        return [self._retry(lambda a=a, b=b: self._checked(self.fs.cat_file(self.path(rel), a, b), a, b),
-                            f"reading {self.url_of(rel)}") for a, b in spans]  # fmt: skip
+        where = f"reading {self.url_of(rel)}"
+        return [self._checked(self._retry(where, "cat_file", self.path(rel), start=a, end=b), a, b)
+                if b > a else b"" for a, b in spans]  # fmt: skip
 
     @staticmethod
     def _checked(data: bytes, start: int, stop: int) -> bytes:
@@ -256,6 +273,14 @@ class Objects:
 
         return list(await asyncio.gather(*(one(a, b) for a, b in spans)))
 
+    async def _s3_body(self, client: Any, kwargs: dict[str, Any]) -> bytes:
+        response = await client.get_object(**kwargs)
+        body = response["Body"]
+        try:
+            return await body.read()
+        finally:
+            body.close()
+
     async def _s3_range(
         self, client: Any, bucket: str, key: str, start: int, stop: int, etag: str | None, rel: str
     ) -> bytes:
@@ -266,14 +291,10 @@ class Objects:
             kwargs["IfMatch"] = etag
         retryable, last = _retryable(), None
         for attempt in range(self.options.retries + 1):
+            if attempt:
+                await asyncio.sleep(_backoff(attempt))
             try:
-                response = await client.get_object(**kwargs)
-                body = response["Body"]
-                try:
-                    data = await body.read()
-                finally:
-                    body.close()
-                return self._checked(data, start, stop)
+                return self._checked(await self._within_deadline(self._s3_body(client, kwargs)), start, stop)
             except Exception as exc:
                 code = _error_code(exc)
                 if code in ("PreconditionFailed", "412"):
@@ -283,72 +304,98 @@ class Objects:
                     ) from None
                 if code in ("NoSuchKey", "404", "NoSuchBucket"):
                     raise ObjectChanged(f"{self.url_of(rel)}: the object is gone ({code})") from None
-                transient = code in (
-                    "SlowDown",
-                    "InternalError",
-                    "ServiceUnavailable",
-                    "503",
-                    "500",
-                    "RequestTimeout",
-                )
-                if not (transient or (not code and isinstance(exc, retryable))):
+                if not (code in _TRANSIENT or (not code and isinstance(exc, retryable))):
                     raise
                 last = exc
-            await asyncio.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
         raise OSError(
             f"{self.url_of(rel)}: bytes {start}..{stop} could not be read in {self.options.retries + 1} "
             f"attempts ({type(last).__name__}: {last})"
         )
 
-    def _retry(self, call: Any, what: str) -> Any:
-        """`call()` with our retries on connection errors and timeouts (not on missing objects)."""
+    async def _within_deadline(self, call: Any, size: int = 0) -> Any:
+        """`await call`, cancelled after `ObjectOptions.deadline` (`_Deadline`: a new attempt follows)."""
+        task = asyncio.ensure_future(call)
+        deadline = self.options.deadline(size)
+        done, _ = await asyncio.wait({task}, timeout=deadline)
+        if not done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise _Deadline(_deadline_text(deadline))
+        return task.result()
+
+    def _call(self, name: str, *args: Any, size: int = 0, **kwargs: Any) -> Any:
+        """One attempt of the filesystem call `name`, cancelled after its deadline where the backend is
+        asynchronous (s3fs, gcsfs, adlfs); a blocking backend has only its own timeouts."""
+        fs = self.fs
+        if not getattr(fs, "async_impl", False):
+            return getattr(fs, name)(*args, **kwargs)
+        import fsspec.asyn
+
+        method = getattr(fs, f"_{name}")
+        return fsspec.asyn.sync(fs.loop, self._within_deadline, method(*args, **kwargs), size)
+
+    def _retry(self, what: str, name: str, *args: Any, size: int = 0, **kwargs: Any) -> Any:
+        """`_call` with our retries on connection errors and timeouts (not on missing objects); `size`:
+        the bytes the call moves (a whole-object transfer's deadline grows with them)."""
         retryable, last = _retryable(), None
         for attempt in range(self.options.retries + 1):
+            if attempt:
+                time.sleep(_backoff(attempt))
             try:
-                return call()
+                return self._call(name, *args, size=size, **kwargs)
             except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError):
                 raise
             except Exception as exc:
                 if not isinstance(exc, retryable) and "timeout" not in type(exc).__name__.lower():
                     raise
                 last = exc
-            time.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
         raise OSError(f"{what} failed in {self.options.retries + 1} attempts ({type(last).__name__}: {last})")
 
     # ------------------------------------------------------------------------------------------- writing
 
     def put_file(self, rel: str, local: str | os.PathLike[str]) -> None:
         """Upload the local file as `rel` (overwriting: only before publication)."""
-        self._retry(
-            lambda: self.fs.put_file(os.fspath(local), self.path(rel)), f"uploading {self.url_of(rel)}"
-        )
+        local = os.fspath(local)
+        self._retry(f"uploading {self.url_of(rel)}", "put_file", local, self.path(rel),
+                    size=os.path.getsize(local))  # fmt: skip
 
     def put_bytes(self, rel: str, data: bytes) -> None:
-        self._retry(lambda: self.fs.pipe_file(self.path(rel), data), f"writing {self.url_of(rel)}")
+        self._retry(f"writing {self.url_of(rel)}", "pipe_file", self.path(rel), data, size=len(data))
 
     def create_once(self, rel: str, data: bytes) -> bool:
         """Write `rel` only if no object has that name (S3: ``If-None-Match: *``, one atomic request); False
         when one exists already (the earlier writer won; its object is unchanged)."""
         try:
-            self._retry(
-                lambda: self.fs.pipe_file(self.path(rel), data, mode="create"), f"writing {self.url_of(rel)}"
-            )
+            self._retry(f"writing {self.url_of(rel)}", "pipe_file", self.path(rel), data, mode="create",
+                        size=len(data))  # fmt: skip
         except FileExistsError:
             return False
         except TypeError as exc:  # a backend whose pipe_file has no create mode
             raise ConfigError(f"{self.url}: this filesystem has no create-once write ({exc})") from None
         return True
 
-    def download(self, folder: str | os.PathLike[str]) -> None:
-        """Copy every object under the prefix into the local `folder` (created), by relative path."""
-        for rel in self.list():
-            target = os.path.join(folder, *rel.split("/"))
-            if any(part in ("", ".", "..") for part in rel.split("/")):
+    def download(
+        self, folder: str | os.PathLike[str], files: Mapping[str, int | None], *, max_unsized: int = 1 << 30
+    ) -> None:
+        """Copy the objects `files` names into the local `folder` (created), by relative path, and nothing
+        else under the prefix. ``files[rel]`` is the object's size in bytes as a manifest records it (an
+        object listed with another size is refused before a byte of it is read), or None where the manifest
+        records none (then at most `max_unsized` bytes). `SnapshotError` naming the object otherwise."""
+        listing = self.list()
+        for rel, size in sorted(files.items()):
+            if rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
                 raise SnapshotError(f"{self.url_of(rel)}: an object name that is no relative path")
+            info = listing.get(rel)
+            if info is None:
+                raise SnapshotError(f"{self.url_of(rel)}: missing")
+            if info.size != (info.size if size is None else size) or info.size > max(size or 0, max_unsized):
+                bound = f"the manifest records {size}" if size is not None else f"the bound is {max_unsized}"
+                raise SnapshotError(f"{self.url_of(rel)} has {info.size} bytes; {bound}")
+            target = os.path.join(folder, *rel.split("/"))
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            self._retry(
-                lambda r=rel, t=target: self.fs.get_file(self.path(r), t), f"downloading {self.url_of(rel)}"
-            )
+            self._retry(f"downloading {self.url_of(rel)}", "get_file", self.path(rel), target, size=info.size)
+            if os.path.getsize(target) != info.size:
+                raise SnapshotError(f"{self.url_of(rel)}: changed while it was downloaded")
 
     def upload(self, folder: str | os.PathLike[str], *, last: str | None = None) -> None:
         """Upload every regular file under the local `folder` by relative path; `last` (a relative path:
@@ -364,4 +411,21 @@ class Objects:
         """Remove the objects `rels` (missing ones are fine)."""
         paths = [self.path(rel) for rel in rels]
         if paths:
-            self._retry(lambda: self.fs.rm(paths), f"removing objects under {self.url}")
+            self._retry(f"removing objects under {self.url}", "rm", paths)
+
+
+_TRANSIENT = ("SlowDown", "InternalError", "ServiceUnavailable", "503", "500", "RequestTimeout")
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds to wait before attempt `attempt` (1, 2, ...)."""
+    return _BACKOFF_S[min(attempt - 1, len(_BACKOFF_S) - 1)]
+
+
+def _deadline_text(seconds: float) -> str:
+    return f"no whole answer within {seconds:g} s (PUZZLETRON_OBJECT_REQUEST_TIMEOUT_S)"
+
+
+def _etag(info: Mapping[str, Any]) -> str | None:
+    etag = info.get("ETag") or info.get("etag")
+    return str(etag) if etag else None

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.storage.local import pread_into
 from puzzletron.dataset.storage.object_cache import ObjectCache, entry_key
 from puzzletron.dataset.storage.objects import ObjectInfo, ObjectOptions, Objects, join_url
@@ -57,6 +57,12 @@ class RemoteFiles:
         self.root = self.url  # what errors name, like LocalFiles.root
         self.cache = ObjectCache.default() if cache is _DEFAULT else cache
         self.chunk_size = int(chunk_size)
+        if self.cache is not None and self.cache.max_bytes < self.chunk_size:
+            raise ConfigError(
+                f"the object cache's bound (PUZZLETRON_OBJECT_CACHE_BYTES) is {self.cache.max_bytes} bytes, "
+                f"below one chunk ({self.chunk_size} bytes): every read would evict what it fetched; "
+                f"give it at least {self.chunk_size} bytes (many chunks: it is the node's read cache)"
+            )
         self._listing: dict[str, ObjectInfo] | None = None
         self._pins: dict[str, ObjectInfo] = {}
         self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
@@ -125,39 +131,36 @@ class RemoteFiles:
         return min(info.size, (k + 1) * self.chunk_size) - k * self.chunk_size
 
     def _fetch_missing(self, rel: str, info: ObjectInfo, chunks: range) -> None:
-        """Fetch (concurrently) the chunks of `chunks` that neither this process nor the cache holds."""
+        """Hold a descriptor of every chunk of `chunks`: this process's, the node's cache's, else fetched
+        (concurrently) and written there. A descriptor is taken before anything can evict its entry, so
+        what a read needs is never fetched twice, whatever the bound or the other processes do."""
         assert self.cache is not None
-        missing = [
-            k for k in chunks
-            if (rel, k) not in self._fds
-            and self.cache.lookup("chunks", self._chunk_name(rel, info, k), self._chunk_len(info, k)) is None
-        ]  # fmt: skip
+        missing = []
+        for k in chunks:
+            if (rel, k) in self._fds:
+                self._fds.move_to_end((rel, k))
+                continue
+            fd = self.cache.open_entry("chunks", self._chunk_name(rel, info, k), self._chunk_len(info, k))
+            if fd is None:
+                missing.append(k)
+            else:
+                self._hold(rel, k, fd)
         if not missing:
             return
         spans = [(k * self.chunk_size, k * self.chunk_size + self._chunk_len(info, k)) for k in missing]
         for k, data in zip(missing, self.objects.get_ranges(rel, spans, etag=info.etag), strict=True):
-            self.cache.put_chunk(self._chunk_name(rel, info, k), data)
+            self._hold(rel, k, self.cache.put_chunk(self._chunk_name(rel, info, k), data))
 
-    def _chunk_fd(self, rel: str, info: ObjectInfo, k: int) -> int:
-        fd = self._fds.get((rel, k))
-        if fd is not None:
-            self._fds.move_to_end((rel, k))
-            return fd
-        assert self.cache is not None
-        name = self._chunk_name(rel, info, k)
-        while True:
-            path = self.cache.lookup("chunks", name, self._chunk_len(info, k))
-            if path is None:  # evicted by another process since it was fetched: fetch again
-                self._fetch_missing(rel, info, range(k, k + 1))
-                continue
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                break
-            except FileNotFoundError:
-                continue
+    def _hold(self, rel: str, k: int, fd: int) -> None:
         self._fds[(rel, k)] = fd
         if len(self._fds) > MAX_OPEN_CHUNKS:
             os.close(self._fds.popitem(last=False)[1])
+
+    def _chunk_fd(self, rel: str, info: ObjectInfo, k: int) -> int:
+        fd = self._fds.get((rel, k))
+        if fd is None:  # let go of since `_fetch_missing` (a read spanning more than MAX_OPEN_CHUNKS)
+            self._fetch_missing(rel, info, range(k, k + 1))
+            fd = self._fds[(rel, k)]
         return fd
 
     def read_bytes(self, rel: str) -> bytes:
@@ -184,8 +187,7 @@ class RemoteFiles:
             return fd
         info = self._info(rel)
         if self.cache is not None:
-            path = self.cache.whole(self._key(rel, info), info.size, self._download(rel, info))
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = self.cache.whole(self._key(rel, info), info.size, self._download(rel, info))
         else:
             with tempfile.TemporaryFile() as fh:
                 self._download(rel, info)(fh)

@@ -11,18 +11,23 @@ is here, once::
              .<name>.build-<hash>/        shard-<k>/ (finished), tmp-<k>-<random>/ (being written)
              .<name>.txn-...              the transaction `publish` fills and renames to <name>
 
-A build killed at any point publishes nothing; the rerun keeps the finished shards of its identity, builds
-only the missing ones and sweeps the debris (a failed run leaves no empty build directory). With
+A build killed at any point publishes nothing; the rerun keeps the finished shards of its identity that are
+exactly as they were written (each is sealed when finished, `storage.seals`: every file's size and xxh3_128;
+a shard damaged since is built again), builds only the missing ones and sweeps the debris (a failed run
+leaves no empty build directory). With
 `torch.distributed` initialised the call is collective: rank 0 takes the lock and prepares, rank ``r``
 builds shards ``k % world == r``, rank 0 publishes; a failure on any rank raises on every rank, naming it.
 
 A store at an URL (``dest`` a string; the token store only) has no lock and no shared build directory: the
-build overrides `build_dir` (the node's scratch folder), `keep_shard` (upload), `finished_shards`,
-`existing_identity` and `publish` (`tokenize._remote_store`: the manifest written once).
+build overrides `build_dir` (a scratch folder of this process's own, held by `storage.scratch` while the
+build runs), `claim` (the prefix claimed for the identity before anything is written), `keep_shard`
+(upload), `finished_shards`, `existing_identity` and `publish` (`tokenize._remote_store`: the manifest
+written once).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -30,7 +35,7 @@ import shutil
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,10 +51,14 @@ from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats.manifest import MANIFEST
 from puzzletron.dataset.formats.token_store import token_dtype
 from puzzletron.dataset.storage.atomic import fsync_path, fsync_tree, locked, sibling_prefix, staging_dir
+from puzzletron.dataset.storage.scratch import private_scratch
+from puzzletron.dataset.storage.seals import seal_problem, write_seal
 from puzzletron.dataset.tokenize._workers import map_tasks
 from puzzletron.dataset.tokenize.identity import identity_differences
 
 __all__ = ["ShardedBuild", "StoreFacts", "run_build"]
+
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -151,14 +160,31 @@ class ShardedBuild(ABC):
         return self.complete().get("identity")
 
     def finished_shards(self, facts: Any, shards: Sequence[int]) -> set[int]:
-        """Those of `shards` an earlier run finished (a damaged finished shard is removed: built again)."""
+        """Those of `shards` an earlier run finished, exactly as sealed (a shard damaged since, or one
+        without its record, is removed: built again)."""
         rows, done = self.shard_rows(facts), set()
         for k in shards:
-            if self.shard_record(self.shard_dir(k), rows[k]) is None:
-                shutil.rmtree(self.shard_dir(k), ignore_errors=True)
-            else:
+            directory = self.shard_dir(k)
+            if not directory.is_dir():
+                continue
+            problem = seal_problem(directory)
+            if problem is None and self.shard_record(directory, rows[k]) is None:
+                problem = f"{directory}: no record of rows {rows[k]}"
+            if problem is None:
                 done.add(k)
+                continue
+            _LOG.warning("shard %d of %s is not reused, it is built again: %s", k, self.dest, problem)
+            shutil.rmtree(directory, ignore_errors=True)
         return done
+
+    def claim(self) -> None:
+        """Claim ``dest`` for this identity before anything is written (object storage: a claim object,
+        `storage.claims`); a local destination's lock does that already."""
+        return None
+
+    def release(self) -> None:
+        """Release what `claim` took, after a clean failure."""
+        return None
 
     def keep_shard(self, shard: int, tmp: Path, record: Mapping[str, Any]) -> None:
         """Make the shard written in `tmp` finished: synced, renamed ``shard-<k>``."""
@@ -195,6 +221,7 @@ def _build_shard(context: tuple[ShardedBuild, Any], shard: int) -> dict[str, Any
     tmp.mkdir(parents=build.remote)  # a remote build's scratch folder is this node's own
     try:
         record = build.write_shard(facts, shard, tmp)
+        write_seal(tmp)  # what a rerun checks before it reuses the shard
         build.keep_shard(shard, tmp, record)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -273,8 +300,14 @@ def _reusable(build: ShardedBuild) -> bool:
 
 
 def _prepare(build: ShardedBuild) -> Any:
+    """The facts to build with, None when a store of this identity was published meanwhile (object
+    storage: another build of it finished while this one claimed the prefix)."""
     facts = build.prepare()  # a usage error is said before anything is created
-    if not build.remote:
+    if build.remote:
+        build.claim()
+        if _reusable(build):
+            return None
+    else:
         _sweep(build.local_dest, keep=build.build_dir)
     build.build_dir.mkdir(parents=build.remote, exist_ok=True)
     return facts
@@ -282,16 +315,30 @@ def _prepare(build: ShardedBuild) -> Any:
 
 def _build_all(build: ShardedBuild, num_proc: int, progress: Any) -> None:
     facts = _prepare(build)
+    if facts is None:
+        return
     _build_shards(build, facts, range(len(build.shard_rows(facts))), num_proc=num_proc, progress=progress)
     build.publish(facts)
 
 
+def _released(build: ShardedBuild) -> None:
+    """After a clean failure on object storage: the claim released (best effort), the scratch removed."""
+    try:
+        build.release()
+    except Exception as exc:  # the failure being raised is what the caller must see
+        _LOG.warning("could not release the claim on %s: %s", build.dest, exc)
+    _drop_if_empty(build)
+
+
 def _build_here(build: ShardedBuild, num_proc: int, progress: Any) -> None:
-    if build.remote:  # no lock on object storage: the manifest is written once
+    if build.remote:  # no lock on object storage: a claim object, the manifest written once
         if _reusable(build):
             return
         try:
             _build_all(build, num_proc, progress)
+        except Exception:
+            _released(build)
+            raise
         finally:
             _drop_if_empty(build)
         return
@@ -327,7 +374,7 @@ def _build_with_ranks(dist: Any, build: ShardedBuild, num_proc: int, progress: A
         facts: Any = None
         if rank == 0:
             try:
-                if not build.remote:  # object storage needs no lock
+                if not build.remote:  # object storage: a claim object instead (`_prepare`)
                     lock.enter_context(locked(build.local_dest))
                 if not _reusable(build):
                     facts = _prepare(build)
@@ -335,6 +382,8 @@ def _build_with_ranks(dist: Any, build: ShardedBuild, num_proc: int, progress: A
                     _sweep(build.local_dest)
             except Exception as exc:
                 own = exc
+                if build.remote:
+                    _released(build)
                 _drop_if_empty(build)
         facts, failed = broadcast(dist, (facts, describe(own)))
         raise_first([failed], own, f"preparing the {build.what}", error=SnapshotError)
@@ -345,12 +394,16 @@ def _build_with_ranks(dist: Any, build: ShardedBuild, num_proc: int, progress: A
             except Exception as exc:
                 own = exc
             errors = all_gather(dist, describe(own))
+            if rank == 0 and build.remote and any(errors):
+                _released(build)
             raise_first(errors, own, "building its shards", error=SnapshotError)
             if rank == 0:
                 try:
                     build.publish(facts)
                 except Exception as exc:
                     own = exc
+                    if build.remote:
+                        _released(build)
             published = broadcast(dist, describe(own))
             if build.remote:
                 _drop_if_empty(build)
@@ -368,8 +421,9 @@ def run_build(
 ) -> Path | str:
     """Build or reuse ``build.dest`` (collective when a process group is initialised); its path (or URL)."""
     dist = process_group()
-    if dist is None:
-        _build_here(build, num_proc, progress)
-    else:
-        _build_with_ranks(dist, build, num_proc, progress)
+    with private_scratch(build.build_dir) if build.remote else nullcontext():
+        if dist is None:
+            _build_here(build, num_proc, progress)
+        else:
+            _build_with_ranks(dist, build, num_proc, progress)
     return build.dest

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from puzzletron.dataset.errors import ConversationError
+from puzzletron.dataset.tokenize._rendered import check_rendered, encode_calls
 
 __all__ = [
     "PINNED_DATE",
@@ -125,6 +126,8 @@ _HAS_GENERATION: dict[str, bool] = {}  # template -> has a generation block (a s
 
 
 def _has_generation(template: str) -> bool:
+    if not isinstance(template, str):  # chat_template_of has refused it where it was loaded
+        return False
     if template not in _HAS_GENERATION:
         _HAS_GENERATION[template] = bool(_GENERATION.search(template))
     return _HAS_GENERATION[template]
@@ -175,6 +178,8 @@ def assistant_token_mask(
         with _bounded(RENDER_SECONDS + RENDER_SECONDS_PER_ROW):
             if not _GENERATION.search(template):
                 return _prefix_diff_mask(messages, tokenizer, where=where)
+            text = tokenizer.apply_chat_template(messages, tokenize=False, **_TEMPLATE_KWARGS)
+            check_rendered(text, messages, where)
             out = tokenizer.apply_chat_template(
                 messages,
                 tokenize=True,
@@ -212,6 +217,7 @@ def _prefix_diff_mask(
                 "add {% generation %} blocks to the template to mark assistant tokens"
             )
         spans.append((len(before), len(through.rstrip())))
+    check_rendered(full, messages, where)
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], dtype=np.int64)
     starts = np.asarray([a for a, _ in enc["offset_mapping"]], dtype=np.int64).reshape(-1)
@@ -346,6 +352,19 @@ def _span_token_ranges(
     return np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
 
 
+def _encode(
+    texts: list[str], spans: list[list], rows: list[int], tokenizer: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids, lengths, span starts, span ends)`` of `texts` encoded in one backend call (token positions
+    from the first text's first token); the encodings, ~200 bytes a character, are dropped on return."""
+    encodings = _backend(tokenizer).encode_batch(texts, add_special_tokens=False)
+    lengths = np.fromiter((len(e) for e in encodings), np.int64, len(encodings))
+    starts = np.concatenate([np.zeros(1, np.int64), np.cumsum(lengths)])
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, int(starts[-1]))
+    lo, hi = _span_token_ranges(encodings, spans, lengths.tolist(), starts[:-1].tolist(), rows)
+    return ids, lengths, lo, hi
+
+
 def _row_by_row(
     conversations: Sequence[Sequence[Mapping[str, Any]]], tokenizer: Any, first_row: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -377,15 +396,18 @@ def tokenize_batch(
     if not nonempty:
         return np.zeros(0, np.int64), np.zeros(0, bool), offsets
     todo = convs if len(nonempty) == len(convs) else [convs[i] for i in nonempty]
-    texts, spans = _render(todo, [first_row + i for i in nonempty], tokenizer)
-    encodings = _backend(tokenizer).encode_batch(texts, add_special_tokens=False)
-    sub_lengths = np.fromiter((len(e) for e in encodings), np.int64, len(encodings))
-    lengths[nonempty] = sub_lengths
+    rows = [first_row + i for i in nonempty]
+    texts, spans = _render(todo, rows, tokenizer)
+    for text, conv, row in zip(texts, todo, rows, strict=True):
+        check_rendered(text, conv, f"row {row}")
+    parts = [_encode(texts[a:b], spans[a:b], rows[a:b], tokenizer) for a, b in encode_calls(texts)]
+    lengths[nonempty] = np.concatenate([p[1] for p in parts])
     np.cumsum(lengths, out=offsets[1:])
     total = int(offsets[-1])
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, total)
-    rows = [first_row + i for i in nonempty]
-    lo, hi = _span_token_ranges(encodings, spans, sub_lengths.tolist(), offsets[:-1][nonempty].tolist(), rows)
+    ids = np.concatenate([p[0] for p in parts])
+    bases = np.cumsum([0] + [p[0].size for p in parts])  # the first token of each call's texts
+    lo = np.concatenate([p[2] + base for p, base in zip(parts, bases, strict=False)])
+    hi = np.concatenate([p[3] + base for p, base in zip(parts, bases, strict=False)])
     diff = np.zeros(total + 1, dtype=np.int32)
     np.add.at(diff, lo, 1)
     np.add.at(diff, hi, -1)

@@ -12,11 +12,16 @@ and transaction directories) or a symbolic link. A manifest whose ``identity_sha
 when its full identity is equal and the store is complete (every file there with its size); an incomplete
 one is passed over. Under an URL prefix (``s3://bucket/stores``) the same rules hold, read from one
 listing of the prefix.
+
+A cache directory is a shared place anyone may write, so what the search reads is bounded
+(`formats.manifest.read_regular`, ``read_bounded``, ``parse_json``): only a regular file named
+``manifest.json`` of at most `MAX_MANIFEST_BYTES` (64 MiB; a store's manifest is ~130 bytes a shard
+file), nested at most 64 levels, is parsed; a FIFO, a device, a larger file or a deeper one is passed
+over with a warning naming it, without blocking or reading it whole.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -24,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.errors import SnapshotError
-from puzzletron.dataset.formats.manifest import MANIFEST
+from puzzletron.dataset.formats.manifest import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    parse_json,
+    read_bounded,
+    read_regular,
+)
 from puzzletron.dataset.formats.token_store import read_complete_manifest
 from puzzletron.dataset.storage.objects import Objects, is_url, join_url
 from puzzletron.dataset.storage.remote import RemoteFiles
@@ -45,11 +56,12 @@ def _matches(
     hash first; ``complete`` checks it, the token store's check by default)."""
     try:
         if isinstance(location, Path):
-            raw = (location / MANIFEST).read_bytes()
+            raw = read_regular(location / MANIFEST, "the manifest", max_bytes=MAX_MANIFEST_BYTES)
         else:
-            raw = RemoteFiles(location, cache=None).read_bytes(MANIFEST)
-        recorded = json.loads(raw)
-    except (OSError, ValueError):  # SnapshotError is a ValueError
+            raw = read_bounded(RemoteFiles(location, cache=None), MANIFEST, "the manifest")
+        recorded = parse_json(raw, "the manifest")
+    except (OSError, ValueError) as exc:  # SnapshotError is a ValueError
+        _LOG.warning("passing over %s: %s", location, exc)
         return False
     if not isinstance(recorded, dict) or recorded.get("identity_sha256") != digest:
         return False

@@ -33,6 +33,7 @@ from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.errors import ConfigError, ConversationError
 from puzzletron.dataset.packing.sources import TokenizedSamples, labels_from_mask, shift_labels
 from puzzletron.dataset.tokenize._chat_template import assistant_token_mask, tokenize_batch
+from puzzletron.dataset.tokenize._content import check_template, content_key, load_directory
 from puzzletron.dataset.tokenize._workers import map_tasks
 
 __all__ = [
@@ -50,7 +51,9 @@ __all__ = [
     "tokenize_rows",
 ]
 
-_TOKENIZERS: dict[str, Any] = {}  # per-process cache: path -> tokenizer (worker processes load once)
+# Per-process cache: the content of a directory's tokenizer files (`_content.content_key`) -> the tokenizer
+# (worker processes load once); never the path, so a template edited between two builds is loaded again.
+_TOKENIZERS: dict[str, Any] = {}
 # Text rendered and encoded at a time: a batch's peak memory is about 200x its text (Python strings, the
 # rendered text, the backend's encodings with offsets), so at most ~1.6 GB however long the rows are.
 MAX_BATCH_BYTES = 8 * 2**20
@@ -97,22 +100,19 @@ class TokenizedRows:
 
 
 def load_tokenizer(tokenizer: str | Path | Any) -> Any:
-    """A `transformers` tokenizer from a local path (cached per process), or the tokenizer given; a
-    directory it cannot be loaded from (a corrupt ``tokenizer.json``, ...) is a `ConfigError` naming it."""
+    """A `transformers` tokenizer from a local directory (cached per process by the content of its files),
+    or the tokenizer given; a directory it cannot be loaded from (none, a corrupt ``tokenizer.json``, ...) is
+    a `ConfigError` naming it."""
     if not isinstance(tokenizer, str | Path):
         return tokenizer
-    key = str(Path(tokenizer).resolve())
+    root = Path(tokenizer).resolve()
+    if not root.is_dir():
+        raise ConfigError(f"tokenizer {root} is not a directory (give a local tokenizer directory)")
+    key = content_key(root)
     if key not in _TOKENIZERS:
         from transformers import AutoTokenizer
 
-        try:
-            _TOKENIZERS[key] = AutoTokenizer.from_pretrained(key)
-        except Exception as exc:  # tokenizers' parse errors, OSError, ValueError ...: one line naming it
-            reason = (str(exc).splitlines() or [""])[0][:200]
-            raise ConfigError(
-                f"tokenizer {key} cannot be loaded ({type(exc).__name__}: {reason}); is it a complete, "
-                "undamaged tokenizer directory?"
-            ) from exc
+        _TOKENIZERS[key] = load_directory(AutoTokenizer.from_pretrained, root, "tokenizer")
     return _TOKENIZERS[key]
 
 
@@ -120,12 +120,14 @@ def chat_tokenizer(tokenizer: str | Path | Any) -> Any:
     """`load_tokenizer`, and a `ConfigError` naming it when it has no chat template (tokenisation renders
     every conversation with it)."""
     tok = load_tokenizer(tokenizer)
-    if not getattr(tok, "chat_template", None):
-        name = tokenizer if isinstance(tokenizer, str | Path) else type(tok).__name__
+    name = tokenizer if isinstance(tokenizer, str | Path) else type(tok).__name__
+    template = getattr(tok, "chat_template", None)
+    if not template:
         raise ConfigError(
             f"tokenizer {name} has no chat template (no chat_template.jinja, no chat_template in "
             "tokenizer_config.json); give a tokenizer with one"
         )
+    check_template(template, f"tokenizer {name}")
     return tok
 
 

@@ -17,7 +17,6 @@ True
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,8 @@ from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT, TextS
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
 from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT, VLM_STORE_VERSION
 from puzzletron.dataset.tokenize._chat_template import PINNED_DATE, uses_clock
-from puzzletron.dataset.tokenize.processor import PROCESSOR_FILE, VlmProcessor
+from puzzletron.dataset.tokenize._content import directory_files
+from puzzletron.dataset.tokenize.processor import VlmProcessor
 
 __all__ = [
     "identity_differences",
@@ -43,13 +43,6 @@ __all__ = [
     "tokenizer_identity",
     "vlm_store_identity",
 ]
-
-# The files `AutoTokenizer.from_pretrained` reads from a directory, ``config.json`` included (its model type
-# can choose the tokenizer class); a model's weights are not.
-_TOKENIZER_FILE = re.compile(
-    r"tokenizer.*|special_tokens_map\.json|added_tokens\.json|chat_template.*|vocab.*|merges.*"
-    r"|.*\.model|.*\.tiktoken|spiece.*|additional_chat_templates/.*|config\.json"
-)
 
 
 def identity_sha256(identity: Mapping[str, Any]) -> str:
@@ -109,15 +102,10 @@ def tokenizer_identity(tokenizer: str | Path | Any) -> dict[str, Any]:
     root = Path(tokenizer)
     if not root.is_dir():
         raise ConfigError(f"tokenizer {root} is not a directory (give a local tokenizer directory)")
-    paths = [
-        p
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and _TOKENIZER_FILE.fullmatch(p.relative_to(root).as_posix())
-    ]
-    files = {p.relative_to(root).as_posix(): sha256_file(p) for p in paths}
+    files = directory_files(root)
     if not files or set(files) == {"config.json"}:
         raise ConfigError(f"tokenizer directory {root} holds no tokenizer files (tokenizer.json, ...)")
-    templates = (p for p in paths if p.name.startswith(("chat_template", "tokenizer_config")))
+    templates = (root / p for p in files if Path(p).name.startswith(("chat_template", "tokenizer_config")))
     if any(b"strftime_now" in p.read_bytes() for p in templates):
         return {"files": files, "pinned_date": PINNED_DATE.isoformat()}
     return {"files": files}
@@ -132,15 +120,7 @@ def processor_identity(processor: str | Path | Any) -> dict[str, Any]:
         root = Path(processor)
         if not root.is_dir():
             raise ConfigError(f"processor {root} is not a directory (give a local processor directory)")
-        files = {
-            rel: sha256_file(p)
-            for p in sorted(root.rglob("*"))
-            if p.is_file()
-            and (
-                _TOKENIZER_FILE.fullmatch(rel := p.relative_to(root).as_posix())
-                or PROCESSOR_FILE.fullmatch(rel)
-            )
-        }
+        files = directory_files(root, processor=True)
         if "preprocessor_config.json" not in files:
             raise ConfigError(
                 f"processor directory {root} has no preprocessor_config.json (the image processor)"

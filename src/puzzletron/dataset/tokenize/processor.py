@@ -23,32 +23,43 @@ from __future__ import annotations
 
 import copy
 import json
-import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from puzzletron.dataset.errors import ConfigError
+from puzzletron.dataset.formats.vlm_store.settings import PIXEL_KEYS, pixel_problems
+from puzzletron.dataset.tokenize._content import PROCESSOR_FILE, check_template, content_key, load_directory
 
 __all__ = [
     "IMAGE_TOKEN",
+    "MAX_GRID",
     "PROCESSOR_FILE",
     "VIDEO_TOKEN",
     "GridConfig",
     "VlmProcessor",
+    "pixel_settings",
     "vlm_processor",
 ]
 
 IMAGE_TOKEN = "<|image_pad|>"
 VIDEO_TOKEN = "<|video_pad|>"
 MAX_ASPECT = 200  # the image processor refuses max(h, w) / min(h, w) above this
-# The files of a processor directory its tokens and pixels depend on (besides the tokenizer's).
-PROCESSOR_FILE = re.compile(
-    r"preprocessor_config\.json|processor_config\.json|image_processor.*\.json|chat_template.*"
-)
-_PROCESSORS: dict[str, VlmProcessor] = {}  # per-process cache: directory -> parts (workers load once)
+# Grid facts past these are refused at load: a patch of 4096 pixels square makes one image's pixel values
+# tens of GiB (Qwen2-VL family: patch 14 or 16, merge 2, temporal 2, at most ~16M pixels an image).
+MAX_GRID = {
+    "patch_size": 64,
+    "merge_size": 8,
+    "temporal_patch_size": 8,
+    "min_pixels": 2**26,
+    "max_pixels": 2**26,
+}
+# Per-process cache: the content of a directory's files (`_content.content_key`) -> its parts (workers load
+# once); never keyed by the path, so a directory edited between two builds is loaded again.
+_PROCESSORS: dict[str, VlmProcessor] = {}
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,15 @@ class GridConfig:
         grid[refused] = 0
         return grid.reshape(-1, 3), refused.reshape(-1)
 
+    def first_other(self, images: list[Any], grid: np.ndarray) -> int:
+        """The position of the first decoded image (PIL, as displayed) whose size gives another grid than
+        its row of ``grid`` ``[m, 3]`` (the one its recorded size gave), else -1: a subset manifest that
+        recorded another size than the image's."""
+        sizes = np.asarray([image.size for image in images], dtype=np.int64).reshape(-1, 2)
+        found, _ = self.grids(sizes[:, 0], sizes[:, 1])
+        other = np.flatnonzero((found != np.asarray(grid, dtype=np.int64).reshape(-1, 3)).any(axis=1))
+        return int(other[0]) if other.size else -1
+
     def tokens(self, grid: np.ndarray) -> np.ndarray:
         """``[m]`` tokens each image of ``grid`` ``[m, 3]`` becomes: ``t * h * w / merge**2``."""
         grid = np.asarray(grid, dtype=np.int64).reshape(-1, 3)
@@ -121,6 +141,28 @@ class VlmProcessor:
     image_token_id: int
     name: str
     image_token: str = IMAGE_TOKEN
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the pixel settings (`pixel_settings`)
+
+    def facts(self) -> dict[str, Any]:
+        """What a VLM store records of its processor (its manifest's ``processor``)."""
+        return {
+            "image_processor": type(self.image_processor).__name__,
+            "image_token": self.image_token,
+            "image_token_id": self.image_token_id,
+            **self.grid.facts(),
+            "pixels": dict(self.settings),
+        }
+
+    def differences(self, recorded: Mapping[str, Any]) -> list[str]:
+        """``"key: store X vs processor Y"`` for every fact the store's tokens, grids and pixels depend on
+        that differs from `recorded` (a VLM store's ``processor``)."""
+        ours = _flat(self.facts())
+        theirs = _flat(recorded)
+        return [
+            f"{k}: store {theirs.get(k)!r} vs processor {ours.get(k)!r}"
+            for k in sorted(set(ours) | set(theirs))
+            if theirs.get(k) != ours.get(k)
+        ]
 
     def pixels(self, images: list[Any], grid: np.ndarray, *, dtype: Any = None) -> tuple[Any, Any, bool]:
         """``(pixel_values [patches, C*T*P*P] in dtype, image_grid_thw int64 [m, 3], computed)`` of RGB PIL
@@ -144,6 +186,39 @@ class VlmProcessor:
         return out["pixel_values"].to(dtype), out["image_grid_thw"], False
 
 
+def _flat(facts: Mapping[str, Any]) -> dict[str, Any]:
+    pixels = facts.get("pixels")
+    out = {k: v for k, v in facts.items() if k != "pixels"}
+    return out | {f"pixels.{k}": v for k, v in (pixels.items() if isinstance(pixels, Mapping) else ())}
+
+
+def _channels(value: Any) -> Any:
+    """``image_mean`` / ``image_std`` as 3 floats (a single number is every channel's), else as given."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return [float(value)] * 3
+    if isinstance(value, list | tuple) and all(isinstance(v, int | float) for v in value):
+        return [float(v) for v in value]
+    return value
+
+
+def pixel_settings(image_processor: Any, name: str) -> dict[str, Any]:
+    """The settings the pixels of `image_processor` depend on besides its grid
+    (`formats.vlm_store.settings.PIXEL_KEYS`), JSON-ready; a `ConfigError` naming the first unsound one (a
+    NaN ``image_mean``, a zero or negative ``image_std``, two values where there are three channels ...)."""
+    raw = {k: getattr(image_processor, k, None) for k in PIXEL_KEYS}
+    raw["resample"] = int(raw["resample"]) if isinstance(raw["resample"], int) else raw["resample"]
+    factor = raw["rescale_factor"]
+    raw["rescale_factor"] = float(factor) if isinstance(factor, int | float) else factor
+    raw["image_mean"], raw["image_std"] = _channels(raw["image_mean"]), _channels(raw["image_std"])
+    problems = pixel_problems(raw)
+    if problems:
+        raise ConfigError(
+            f"processor {name}: {problems[0]} (preprocessor_config.json); its pixels would be wrong or not "
+            "finite"
+        )
+    return raw
+
+
 def _grid_config(image_processor: Any, name: str) -> GridConfig:
     """The grid facts of a Qwen2-VL-family image processor; `ConfigError` naming what is missing."""
     kind = type(image_processor).__name__
@@ -164,6 +239,14 @@ def _grid_config(image_processor: Any, name: str) -> GridConfig:
             f"merge_size, temporal_patch_size and size{{shortest_edge, longest_edge}}; got {kind}"
             + (f" without {', '.join(missing)}" if missing else "")
         )
+    over = [f"{k} {facts[k]} (at most {bound})" for k, bound in MAX_GRID.items() if facts[k] > bound]
+    if facts["min_pixels"] > facts["max_pixels"]:
+        over.append(f"min_pixels {facts['min_pixels']} (at most max_pixels {facts['max_pixels']})")
+    if over:
+        raise ConfigError(
+            f"processor {name}: {', '.join(over)} (preprocessor_config.json); its pixel values would not fit "
+            "in memory"
+        )
     return GridConfig(**{k: int(v) for k, v in facts.items()})
 
 
@@ -178,17 +261,21 @@ def _parts(tokenizer: Any, image_processor: Any, template: str | None, name: str
     template = template or getattr(tokenizer, "chat_template", None)
     if not template:
         raise ConfigError(f"processor {name} has no chat template (chat_template.jinja or the tokenizer's)")
+    check_template(template, f"processor {name}")
     if getattr(tokenizer, "chat_template", None) != template:
         tokenizer = copy.copy(tokenizer)  # render with the processor's template, leave the caller's alone
         tokenizer.chat_template = template
-    return VlmProcessor(tokenizer, image_processor, grid, int(image_id), name)
+    settings = pixel_settings(image_processor, name)
+    return VlmProcessor(tokenizer, image_processor, grid, int(image_id), name, settings=settings)
 
 
-def _directory_template(root: Path) -> str | None:
+def _directory_template(root: str | Path) -> str | None:
+    root = Path(root)
     if (root / "chat_template.jinja").is_file():
         return (root / "chat_template.jinja").read_text(encoding="utf-8")
     if (root / "chat_template.json").is_file():
-        return json.loads((root / "chat_template.json").read_text(encoding="utf-8")).get("chat_template")
+        raw = json.loads((root / "chat_template.json").read_text(encoding="utf-8"))
+        return raw.get("chat_template") if isinstance(raw, dict) else raw
     return None
 
 
@@ -210,15 +297,16 @@ def vlm_processor(processor: str | Path | Any) -> VlmProcessor:
     root = Path(processor)
     if not root.is_dir():
         raise ConfigError(f"processor {root} is not a directory (give a local processor directory)")
-    key = str(root.resolve())
+    if not (root / "preprocessor_config.json").is_file():
+        raise ConfigError(
+            f"processor {root} is not supported: no preprocessor_config.json (the image processor)"
+        )
+    key = content_key(root.resolve(), processor=True)
     if key not in _PROCESSORS:
-        if not (root / "preprocessor_config.json").is_file():
-            raise ConfigError(
-                f"processor {root} is not supported: no preprocessor_config.json (the image processor)"
-            )
         from transformers import AutoImageProcessor, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(key)
-        image_processor = AutoImageProcessor.from_pretrained(key)
-        _PROCESSORS[key] = _parts(tokenizer, image_processor, _directory_template(root), str(root))
+        tokenizer = load_directory(AutoTokenizer.from_pretrained, root.resolve(), "processor")
+        image_processor = load_directory(AutoImageProcessor.from_pretrained, root.resolve(), "processor")
+        template = load_directory(_directory_template, root, "processor")
+        _PROCESSORS[key] = _parts(tokenizer, image_processor, template, str(root))
     return _PROCESSORS[key]

@@ -33,9 +33,10 @@ the VLM store); at an URL, `_remote_store`'s steps replace the local ones.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,7 @@ class _Build(ShardedBuild):
     options: TokenizeOptions
     batch_size: int
     what: str = "token store"
+    token: str = field(default_factory=lambda: secrets.token_hex(6))  # this build's scratch and claim (URL)
 
     @property
     def rows_per_shard(self) -> int:
@@ -90,7 +92,7 @@ class _Build(ShardedBuild):
     def build_dir(self) -> Path:
         """``<parent>/.<name>.build-<16 hex of the identity>``; for a store on object storage, the node's
         local scratch folder (shards are uploaded as they finish)."""
-        return _remote.scratch_dir(self.digest) if self.remote else super().build_dir
+        return _remote.scratch_dir(self.digest, self.token) if self.remote else super().build_dir
 
     def complete(self) -> dict[str, Any]:
         return read_complete_manifest(self.dest)
@@ -133,6 +135,14 @@ class _Build(ShardedBuild):
             return super().keep_shard(shard, tmp, record)
         _remote.upload_shard(self.dest, self.digest, shard, tmp, record)
         shutil.rmtree(tmp, ignore_errors=True)
+
+    def claim(self) -> None:
+        if isinstance(self.dest, str):
+            _remote.claim(self.dest, self.digest, self.token)
+
+    def release(self) -> None:
+        if isinstance(self.dest, str):
+            _remote.release(self.dest, self.digest, self.token)
 
     def finished_shards(self, facts: Any, shards: Sequence[int]) -> set[int]:
         if not isinstance(self.dest, str):

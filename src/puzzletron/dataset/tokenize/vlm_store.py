@@ -36,6 +36,7 @@ import numpy as np
 from puzzletron.dataset._checks import require_positive
 from puzzletron.dataset.errors import ConfigError, ConversationError, SnapshotError
 from puzzletron.dataset.formats.binary import ragged_arange
+from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
 from puzzletron.dataset.formats.subset import SubsetReader, image_items, read_manifest
 from puzzletron.dataset.formats.vlm_store import (
     SUBSET_PATH,
@@ -58,7 +59,9 @@ __all__ = ["DEFAULT_ROWS_PER_SHARD", "build_vlm_store"]
 
 DEFAULT_ROWS_PER_SHARD = 8192
 _PLACEHOLDER, _ASPECT = 1, 2  # skip reasons (formats.vlm_store.SKIP_REASONS; 0: no supervised label)
-_IMAGES: dict[str, _ImageTable] = {}  # per-process cache: subset -> its image table
+# Per-process cache: (subset, SHA-256 of its manifest, which the store identity records) -> its image table;
+# a manifest edited between two builds is read again.
+_IMAGES: dict[tuple[str, str], _ImageTable] = {}
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class _ImageTable:
 
 
 def _image_table(root: Path) -> _ImageTable:
-    key = str(root)
+    key = (str(root), sha256_file(root / MANIFEST))
     if key not in _IMAGES:
         manifest = read_manifest(root)  # every image file there with its recorded size
         records = sorted(manifest["images"], key=lambda r: (r["sample_index"], r["image_index"]))
@@ -142,13 +145,7 @@ class _VlmBuild(ShardedBuild):
 
     def manifest_fields(self, facts: StoreFacts) -> dict[str, Any]:
         """The VLM manifest's fields, and (``tokens``) those of the token store in ``tokens/``."""
-        parts = vlm_processor(self.processor)
-        processor = {
-            "image_processor": type(parts.image_processor).__name__,
-            "image_token": parts.image_token,
-            "image_token_id": parts.image_token_id,
-            **parts.grid.facts(),
-        }
+        processor = vlm_processor(self.processor).facts()
         tokens = super().manifest_fields(facts)
         inner = token_identity(self.identity)
         tokens |= {"identity": inner, "identity_sha256": identity_sha256(inner)}

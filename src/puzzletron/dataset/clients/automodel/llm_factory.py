@@ -69,6 +69,7 @@ from puzzletron.dataset.config import PackingSpec, PuzzletronDataSpec, TokenizeO
 from puzzletron.dataset.distributed import BatchKey
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.pipelines.text import TextBatches, build_batches, is_token_store
+from puzzletron.dataset.tokenize.matching import UNSAID_SPLIT
 
 __all__ = ["ChatRows", "make_puzzletron_chat_dataset", "resolve_text_spec"]
 
@@ -163,7 +164,7 @@ def resolve_text_spec(
 
 def make_puzzletron_chat_dataset(
     dataset_path: str | Path | Any,
-    split: str = "train",
+    split: str = UNSAID_SPLIT,
     seq_length: int | None = None,
     seed: int = 0,
     num_samples: int | None = None,

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.conversation import validate_conversation
-from puzzletron.dataset.errors import ConversationError, SnapshotError
+from puzzletron.dataset.conversation.images import shown_size
+from puzzletron.dataset.errors import ConversationError, ImageError, SnapshotError
 from puzzletron.dataset.formats.manifest import (
     MANIFEST,
     VerifyReport,
@@ -186,12 +187,30 @@ def _check_images(
     for key, record in sorted(records.items(), key=order):
         if key not in used:
             problems.append(f"{root / MANIFEST}: image {record.get('path')!r} is used by no sample")
-        verify_file(root, record, problems, f"image of sample {key[0]} (row {record.get('row_id')!r})")
+        what = f"image of sample {key[0]} (row {record.get('row_id')!r})"
+        found = len(problems)
+        verify_file(root, record, problems, what)
+        if len(problems) == found:  # there, with its SHA-256: is it the size the manifest records?
+            _check_size(root, record, what, problems)
     listed_paths = {r.get("path") for r in records.values()}
     if (root / IMAGES).is_dir():
         for file in sorted((root / IMAGES).iterdir()):
             if f"{IMAGES}/{file.name}" not in listed_paths:
                 problems.append(f"{root}: unexpected file {IMAGES}/{file.name} not in the manifest")
+
+
+def _check_size(root: Path, record: Mapping[str, Any], what: str, problems: list[str]) -> None:
+    """The image's size as displayed (from its header) against the manifest's ``width`` x ``height``: the
+    grid of its tokens is computed from those, so a manifest that lies about them gives wrong tokens."""
+    where = f"{root}: {what} {record['path']!r}"
+    try:
+        size = shown_size((root / record["path"]).read_bytes(), where=where)
+    except (OSError, ImageError) as exc:
+        problems.append(str(exc))
+        return
+    recorded = (record.get("width"), record.get("height"))
+    if size != recorded:
+        problems.append(f"{where}: is {size[0]}x{size[1]}, the manifest records {recorded[0]}x{recorded[1]}")
 
 
 def _image_format(record: Mapping[str, Any]) -> str:

@@ -19,7 +19,9 @@ from puzzletron.dataset.formats.text_snapshot.snapshot import read_text_snapshot
 
 __all__ = ["TextSplit", "load_text_split", "open_split"]
 
-_DATASETS: dict[str, Any] = {}  # per-process cache: split folder -> memory-mapped datasets.Dataset
+# Per-process cache of memory-mapped splits, keyed by the split's files (path, device, inode, size, time of
+# each): a split rewritten between two loads (new files) is loaded again, never served from the old mapping.
+_DATASETS: dict[tuple[Any, ...], Any] = {}
 
 
 @dataclass(frozen=True)
@@ -83,12 +85,14 @@ class TextSplit:
                 )
 
     def load(self) -> Any:
-        """The split as a memory-mapped `datasets.Dataset` (opened once per process)."""
-        key = str(self.folder.resolve())
+        """The split as a memory-mapped `datasets.Dataset` (opened once per process and set of files)."""
+        folder = self.folder.resolve()
+        stats = ((p, p.stat()) for p in sorted(folder.rglob("*")) if p.is_file())
+        key = (str(folder), *((str(p), s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns) for p, s in stats))
         if key not in _DATASETS:
             import datasets
 
-            _DATASETS[key] = datasets.load_from_disk(key)
+            _DATASETS[key] = datasets.load_from_disk(str(folder))
         return _DATASETS[key]
 
 

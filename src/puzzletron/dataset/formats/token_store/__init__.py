@@ -9,6 +9,7 @@ from puzzletron.dataset.formats.token_store._layout import (
     LENGTHS,
     TOKEN_STORE_FORMAT,
     TOKEN_STORE_VERSION,
+    content_sha256,
     read_complete_manifest,
     token_dtype,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "ShardWriter",
     "TokenStore",
     "assemble_store",
+    "content_sha256",
     "describe_token_store",
     "pread_into",
     "read_complete_manifest",

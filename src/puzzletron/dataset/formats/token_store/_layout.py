@@ -19,12 +19,14 @@ from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
 from puzzletron.dataset.formats.manifest import (
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     canonical_sha256,
     check_file,
     check_store_header,
     check_store_records,
     load_json,
     parse_json,
+    read_bounded,
 )
 from puzzletron.dataset.storage.objects import is_url, join_url
 from puzzletron.dataset.storage.sources import ByteSource, open_source
@@ -43,6 +45,7 @@ __all__ = [
     "WITHIN",
     "block_files",
     "check_manifest",
+    "content_sha256",
     "expected_sizes",
     "load_store_manifest",
     "mask_name",
@@ -53,7 +56,7 @@ __all__ = [
 ]
 
 TOKEN_STORE_FORMAT = "puzzletron-token-store"
-TOKEN_STORE_VERSION = 2
+TOKEN_STORE_VERSION = 3  # 3: content_sha256 binds the identity to the files
 WITHIN = "the token store"
 MAX_TOKENS = 2**62  # far beyond any store; every offset fits int64 with room
 
@@ -66,8 +69,8 @@ SKIPPED_BIN = "skipped/ids.bin"  # ids of the rows without a supervised token
 SKIPPED_OFFSETS = "skipped/ids.i64"  # [skipped + 1] int64
 
 _KEYS = {
-    "block_checksums", "built_with", "counts", "files", "format", "identity", "identity_sha256",
-    "pad_token_id", "rows_per_shard", "shards", "token_dtype", "version", "vocab_size",
+    "block_checksums", "built_with", "content_sha256", "counts", "files", "format", "identity",
+    "identity_sha256", "pad_token_id", "rows_per_shard", "shards", "token_dtype", "version", "vocab_size",
 }  # fmt: skip
 _COUNTS = ("rows", "samples", "skipped", "tokens", "supervised_tokens", "shards")
 
@@ -204,7 +207,20 @@ def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
     _check_shards(manifest, counts, where)
     _check_identity(manifest, counts, where)
     check_store_records(manifest, where)
+    if manifest["content_sha256"] != content_sha256(manifest):
+        raise SnapshotError(
+            f"{where}: content_sha256 does not bind identity_sha256 to the files this manifest records (an "
+            "identity pasted from another store?)"
+        )
     return manifest
+
+
+def content_sha256(manifest: Mapping[str, Any]) -> str:
+    """The SHA-256 binding a store's identity to its bytes: of ``{identity_sha256, files: {path:
+    sha256}}`` (sorted compact JSON). The builder records it; an identity copied from another store (with
+    its own hash) no longer matches the files, and `verify` checks the files against their hashes."""
+    files = {r["path"]: r["sha256"] for r in manifest["files"]}
+    return canonical_sha256({"identity_sha256": manifest["identity_sha256"], "files": files})
 
 
 def expected_sizes(manifest: Mapping[str, Any]) -> dict[str, int]:
@@ -236,13 +252,14 @@ def load_store_manifest(root: str | Path, source: ByteSource | None = None) -> d
     field checked (`check_manifest`), no other file read."""
     if source is None and not is_url(root):
         where = Path(root) / MANIFEST
-        return check_manifest(load_json(where, "the manifest"), where)
+        return check_manifest(load_json(where, "the manifest", max_bytes=MAX_MANIFEST_BYTES), where)
     source = source if source is not None else open_source(root)
     where: Any = join_url(str(root), MANIFEST) if is_url(root) else Path(root) / MANIFEST
     try:
-        raw = source.read_bytes(MANIFEST)
+        source.size(MANIFEST)
     except SnapshotError as exc:
         raise SnapshotError(f"{where}: the manifest is missing ({exc})") from None
+    raw = read_bounded(source, MANIFEST, "the manifest", max_bytes=MAX_MANIFEST_BYTES)
     try:
         return check_manifest(parse_json(raw, "the manifest"), where)
     except ValueError as exc:

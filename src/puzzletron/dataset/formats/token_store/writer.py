@@ -227,5 +227,6 @@ def assemble_store(
         "shards": shards,
         "files": sorted(files, key=lambda r: r["path"]),
     }
+    manifest["content_sha256"] = layout.content_sha256(manifest)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest

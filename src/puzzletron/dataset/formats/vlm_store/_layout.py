@@ -27,6 +27,7 @@ from puzzletron.dataset.formats.manifest import (
     load_json,
 )
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
+from puzzletron.dataset.formats.vlm_store.settings import pixel_problems
 from puzzletron.dataset.storage.objects import is_url
 
 __all__ = [
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 VLM_STORE_FORMAT = "puzzletron-vlm-store"
-VLM_STORE_VERSION = 2
+VLM_STORE_VERSION = 3
 WITHIN = "the VLM store"
 
 TOKENS = "tokens"  # a complete token store (docs/token-store-format.md)
@@ -80,7 +81,7 @@ _KEYS = {
 SUBSET_PATH = "subset_path"  # optional: where the subset was when the store was built (a hint, checked)
 _COUNTS = ("rows", "samples", "skipped", "images", "image_tokens")
 _PROCESSOR_INTS = ("image_token_id", "patch_size", "merge_size", "temporal_patch_size")
-_PROCESSOR_KEYS = {"image_processor", "image_token", "min_pixels", "max_pixels", *_PROCESSOR_INTS}
+_PROCESSOR_KEYS = {"image_processor", "image_token", "min_pixels", "max_pixels", "pixels", *_PROCESSOR_INTS}
 _MAX = 2**62
 
 
@@ -136,6 +137,9 @@ def _check_processor(raw: Any, where: Path) -> None:
         raise SnapshotError(f"{where}: processor.image_processor and image_token must be strings")
     low = _int(raw["min_pixels"], "processor.min_pixels", where)
     _int(raw["max_pixels"], "processor.max_pixels", where, max(low, 1))
+    problems = pixel_problems(raw["pixels"])
+    if problems:
+        raise SnapshotError(f"{where}: processor.pixels: {problems[0]}")
 
 
 def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
