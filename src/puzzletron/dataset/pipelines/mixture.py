@@ -46,6 +46,7 @@ from puzzletron.dataset.pipelines._core import (
     Component,
     SourceOptions,
     component_plan,
+    is_token_store,
     pack_loads,
     store_format,
     text_component,
@@ -97,7 +98,8 @@ def _resolve(name: str, source: Any, how: SourceOptions, *, multimodal: bool) ->
             )
         return vlm_component(source, how)
     processor = how.processor
-    if how.tokenizer is None and multimodal and processor is not None:
+    # a snapshot is tokenised with the processor's tokenizer; a store is checked against the others
+    if how.tokenizer is None and multimodal and processor is not None and not is_token_store(source):
         how = dataclasses.replace(
             how, tokenizer=processor if isinstance(processor, str | Path) else processor.tokenizer
         )
