@@ -220,6 +220,7 @@ def vlm_component(
     num_proc: int,
     rows_per_shard: int,
     pixel_dtype: Any,
+    draft: bool = False,
 ) -> Component:
     """The VLM store of ``source`` (a VLM store, or a subset built or reused in ``cache_dir``), checked
     against ``processor`` (when given) and ``subset`` (the subset its images are read from; a subset source
@@ -258,7 +259,7 @@ def vlm_component(
     media = None
     if processor is not None and images_from is not None:
         proc = str(processor) if isinstance(processor, str | Path) else processor
-        media = VlmMedia(store, images_from, proc, pixel_dtype)
+        media = VlmMedia(store, images_from, proc, pixel_dtype, draft=draft)
     return Component(StoreSamples(store), store.pad_token_id, store=store, media=media)
 
 

@@ -5,9 +5,11 @@ VLM store (ids, shifted labels, masks, packing metadata, in the layout of the sp
 adds, for the images of the batch's samples in token order:
 
 - the image files, read from the subset, each checked against the SHA-256 the store recorded, decoded as
-  ``Image.open(bytes).convert("RGB")`` (no EXIF rotation) and run through the image processor in one call:
-  ``pixel_values`` ``[patches, 3 * temporal_patch * patch**2]`` in ``pixel_dtype`` and ``image_grid_thw``
-  ``[images, 3]`` (which must be the grids the store holds);
+  transformers' ``load_image`` decodes them (`conversation.images.decode_rgb`: EXIF orientation, RGB) and run
+  through the image processor in one call: ``pixel_values`` ``[patches, 3 * temporal_patch * patch**2]`` in
+  ``pixel_dtype`` and ``image_grid_thw`` ``[images, 3]`` (which must be the grids the store holds); with
+  ``pixel_dtype=torch.uint8`` the resized values before rescale and normalise, and ``source_metadata``
+  gains ``pixel_normalization`` (`tokenize._pixels.normalize_pixels` applies it after ``.to(device)``);
 - ``position_ids`` ``[3, B, T]``: the model's multi-axis positions, every document from 0 (`mrope_ids`),
   0 on padding; ``mm_token_type_ids`` ``[B, T]`` (1 on image tokens);
 - ``sequence.media_counts`` / ``media_offsets``: images per row, so every split keeps an image with its
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,14 +31,14 @@ import torch
 
 from puzzletron.dataset.batch import Modality, PuzzletronBatch
 from puzzletron.dataset.batch.segments import media_offsets_from_counts
-from puzzletron.dataset.conversation.images import decode_rgb
+from puzzletron.dataset.conversation.images import decode_rgb, shown_size
 from puzzletron.dataset.distributed import BatchKey, PackedBatches
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats.binary import ragged_arange
 from puzzletron.dataset.formats.manifest import inside
 from puzzletron.dataset.formats.vlm_store import VlmStore
 from puzzletron.dataset.packing import Units, mrope_ids
-from puzzletron.dataset.tokenize import VlmProcessor, vlm_processor
+from puzzletron.dataset.tokenize import VlmProcessor, pixel_normalization, vlm_processor
 
 __all__ = ["VlmMedia", "VlmPackedBatches", "check_processor"]
 
@@ -54,15 +57,19 @@ def check_processor(store: VlmStore, parts: VlmProcessor) -> None:
 @dataclass(frozen=True)
 class VlmMedia:
     """What adding media needs: the store, the subset holding the images, the processor (a directory
-    path is loaded once per process) and the dtype of ``pixel_values``."""
+    path is loaded once per process), the dtype of ``pixel_values`` (``torch.uint8``: the resized values,
+    normalised later by `clients.attention.model_inputs`) and ``draft`` (decode a JPEG at a reduced size
+    where the processor's target side is at most half the source: not bit-exact, opt-in)."""
 
     store: VlmStore
     subset: Path
     processor: Any
     pixel_dtype: torch.dtype = torch.float32
+    draft: bool = False
 
-    def _images(self, images: np.ndarray) -> list[Any]:
-        """The decoded images ``images`` (indices into the store's image table), SHA-256 checked."""
+    def blobs(self, images: np.ndarray) -> list[bytes]:
+        """The encoded bytes of the images ``images`` (indices into the store's image table), each checked
+        against the SHA-256 the store recorded."""
         out = []
         for index, (rel, digest) in zip(images.tolist(), self.store.image_refs(images), strict=True):
             where = f"{self.subset}: image {rel!r} (image {index} of the VLM store)"
@@ -73,8 +80,21 @@ class VlmMedia:
                 raise SnapshotError(f"{where}: cannot read it: {exc}") from exc
             if hashlib.sha256(data).hexdigest() != digest:
                 raise SnapshotError(f"{where}: SHA-256 differs from the one the store recorded (changed?)")
-            out.append(decode_rgb(data, where=where))
+            out.append(data)
         return out
+
+    def _images(self, images: np.ndarray, grid: np.ndarray, patch: int) -> tuple[list[Any], list[Any]]:
+        """The decoded images ``images`` (RGB, SHA-256 checked; ``draft``: toward their target sizes) and
+        what has each one's size as displayed (the images themselves; with ``draft``, their headers')."""
+        sizes = (grid[:, [2, 1]] * patch).tolist() if self.draft else [None] * len(images)
+        blobs, where = self.blobs(images), f"the VLM store {self.store.path}"
+        decoded = [
+            decode_rgb(data, where=f"image {index} of {where}", draft=size)
+            for index, data, size in zip(images.tolist(), blobs, sizes, strict=True)
+        ]
+        if not self.draft:
+            return decoded, decoded
+        return decoded, [types.SimpleNamespace(size=shown_size(data, where=where)) for data in blobs]
 
     def _pixels(self, images: np.ndarray, grid: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         parts = vlm_processor(self.processor)
@@ -82,11 +102,11 @@ class VlmMedia:
             g = parts.grid
             width = 3 * g.temporal_patch_size * g.patch_size**2
             return torch.zeros(0, width, dtype=self.pixel_dtype), torch.zeros(0, 3, dtype=torch.long)
-        decoded = self._images(images)
-        if (bad := parts.grid.first_other(decoded, grid)) >= 0:
+        decoded, shown = self._images(images, grid, parts.grid.patch_size)
+        if (bad := parts.grid.first_other(shown, grid)) >= 0:
             raise SnapshotError(
-                f"image {int(images[bad])} of the VLM store {self.store.path} is {decoded[bad].size[0]}x"
-                f"{decoded[bad].size[1]}, whose grid is not the stored {grid[bad].tolist()} (the subset's "
+                f"image {int(images[bad])} of the VLM store {self.store.path} is {shown[bad].size[0]}x"
+                f"{shown[bad].size[1]}, whose grid is not the stored {grid[bad].tolist()} (the subset's "
                 "manifest records another size?)"
             )
         pixels, got, computed = parts.pixels(decoded, grid, dtype=self.pixel_dtype)
@@ -98,6 +118,13 @@ class VlmMedia:
                 f"grid {got[bad].tolist()}, the store holds {want[bad].tolist()} (another processor?)"
             )
         return pixels, want
+
+    def metadata(self) -> dict[str, Any]:
+        """What the batch's ``source_metadata`` gains: with uint8 pixels, ``pixel_normalization`` (the
+        processor's rescale factor, mean and std: `clients.attention.model_inputs` applies them)."""
+        if self.pixel_dtype != torch.uint8:
+            return {}
+        return {"pixel_normalization": pixel_normalization(vlm_processor(self.processor).image_processor)}
 
     def attach(
         self, batch: PuzzletronBatch, rows: Sequence[Sequence[int]], units: Units | None
@@ -135,7 +162,11 @@ class VlmMedia:
             batch.sequence, media_counts=counts, media_offsets=media_offsets_from_counts(counts)
         )
         return dataclasses.replace(
-            batch, model_kwargs=kwargs, sequence=sequence, modality=Modality.MULTIMODAL
+            batch,
+            model_kwargs=kwargs,
+            sequence=sequence,
+            modality=Modality.MULTIMODAL,
+            source_metadata={**batch.source_metadata, **self.metadata()},
         )
 
 
