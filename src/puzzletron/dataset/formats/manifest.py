@@ -36,7 +36,9 @@ __all__ = [
     "acquisition_mismatch",
     "bytes_on_disk",
     "canonical_sha256",
+    "check_block_checksums",
     "check_file",
+    "check_file_records",
     "check_store_header",
     "check_store_records",
     "differing_keys",
@@ -358,19 +360,17 @@ def check_store_header(manifest: Any, where: Path | str, *, fmt: str, version: i
         )
 
 
-def check_store_records(manifest: Mapping[str, Any], where: Path | str) -> None:
-    """The fields every sharded store's manifest (token store, VLM store) shares, checked:
-    ``block_checksums`` (this code's algorithm and block size), ``built_with`` (library versions as
-    strings) and ``files`` (a list of ``{path, bytes, sha256}`` records). `SnapshotError` naming `where` and
-    the first field that is wrong."""
-    checksums = manifest["block_checksums"]
-    if checksums != {"algorithm": _blocks.ALGORITHM, "block_size": _blocks.BLOCK_SIZE}:
-        raise SnapshotError(f"{where}: block_checksums is {checksums!r:.80}; this code reads "
+def check_block_checksums(value: Any, where: Path | str) -> None:
+    """A manifest's ``block_checksums`` names this code's algorithm and block size (`formats.blocks`);
+    `SnapshotError` naming `where` otherwise."""
+    if value != {"algorithm": _blocks.ALGORITHM, "block_size": _blocks.BLOCK_SIZE}:
+        raise SnapshotError(f"{where}: block_checksums is {value!r:.80}; this code reads "
                             f"{_blocks.ALGORITHM} blocks of {_blocks.BLOCK_SIZE} bytes")  # fmt: skip
-    built = manifest["built_with"]
-    if not isinstance(built, Mapping) or not all(isinstance(v, str) for v in built.values()):
-        raise SnapshotError(f"{where}: built_with is {built!r:.80}; expected library versions")
-    files = manifest["files"]
+
+
+def check_file_records(files: Any, where: Path | str) -> None:
+    """``files`` is a list of ``{path, bytes, sha256}`` records (a string path, a byte count, a hex
+    SHA-256); `SnapshotError` naming `where` otherwise."""
     if not isinstance(files, list) or not all(
         isinstance(r, Mapping)
         and set(r) == {"path", "bytes", "sha256"}
@@ -382,3 +382,15 @@ def check_store_records(manifest: Mapping[str, Any], where: Path | str) -> None:
         for r in files
     ):
         raise SnapshotError(f"{where}: 'files' is not a list of {{path, bytes, sha256}} records")
+
+
+def check_store_records(manifest: Mapping[str, Any], where: Path | str) -> None:
+    """The fields every sharded store's manifest (token store, VLM store) shares, checked:
+    ``block_checksums`` (this code's algorithm and block size), ``built_with`` (library versions as
+    strings) and ``files`` (a list of ``{path, bytes, sha256}`` records). `SnapshotError` naming `where` and
+    the first field that is wrong."""
+    check_block_checksums(manifest["block_checksums"], where)
+    built = manifest["built_with"]
+    if not isinstance(built, Mapping) or not all(isinstance(v, str) for v in built.values()):
+        raise SnapshotError(f"{where}: built_with is {built!r:.80}; expected library versions")
+    check_file_records(manifest["files"], where)

@@ -19,6 +19,7 @@ adds, for the images of the batch's samples in token order:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import types
 from collections.abc import Sequence
@@ -36,8 +37,11 @@ from puzzletron.dataset.distributed import BatchKey, PackedBatches
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats.binary import ragged_arange
 from puzzletron.dataset.formats.manifest import inside
+from puzzletron.dataset.formats.media_shards import MediaShards
+from puzzletron.dataset.formats.subset import is_sharded, subset_manifest
 from puzzletron.dataset.formats.vlm_store import VlmStore
 from puzzletron.dataset.packing import Units, mrope_ids
+from puzzletron.dataset.storage.local import LocalFiles
 from puzzletron.dataset.tokenize import VlmProcessor, pixel_normalization, vlm_processor
 
 __all__ = ["VlmMedia", "VlmPackedBatches", "check_processor"]
@@ -67,21 +71,47 @@ class VlmMedia:
     pixel_dtype: torch.dtype = torch.float32
     draft: bool = False
 
+    @functools.cached_property
+    def shards(self) -> MediaShards | None:
+        """The subset's media shards (a version-3 subset), None when its images are files."""
+        manifest = subset_manifest(self.subset, records=False)
+        if not is_sharded(manifest):
+            return None
+        return MediaShards(LocalFiles(self.subset), manifest["media"], where=str(self.subset))
+
+    def _ordinals(self, images: np.ndarray) -> np.ndarray:
+        """The subset image order of the store's images ``images``: image ``k`` of store sample ``s`` is
+        image ``k`` of the subset row its id names (``"<subset index>:<row id>"``)."""
+        offsets = self.store.image_offsets
+        owner = np.searchsorted(offsets, images, side="right") - 1
+        unique, back = np.unique(owner, return_inverse=True)
+        rows = np.asarray([int(name.split(":", 1)[0]) for name in self.store.sample_ids(unique)], np.int64)
+        first = np.asarray(self.shards.sample_images(), np.int64)[rows]  # type: ignore[union-attr]
+        return first[back] + (images - np.asarray(offsets[owner], np.int64))
+
     def blobs(self, images: np.ndarray) -> list[bytes]:
         """The encoded bytes of the images ``images`` (indices into the store's image table), each checked
-        against the SHA-256 the store recorded."""
-        out = []
-        for index, (rel, digest) in zip(images.tolist(), self.store.image_refs(images), strict=True):
-            where = f"{self.subset}: image {rel!r} (image {index} of the VLM store)"
-            path = inside(self.subset, rel, where, noun="image path")
-            try:
-                data = path.read_bytes()
-            except OSError as exc:
-                raise SnapshotError(f"{where}: cannot read it: {exc}") from exc
-            if hashlib.sha256(data).hexdigest() != digest:
-                raise SnapshotError(f"{where}: SHA-256 differs from the one the store recorded (changed?)")
-            out.append(data)
-        return out
+        against the SHA-256 the store recorded (from a file, or its range of a media shard)."""
+        refs = self.store.image_refs(images)
+        if self.shards is not None:
+            data = self.shards.read(self._ordinals(np.asarray(images, np.int64)))
+        else:
+            data = [
+                self._file(rel, int(index)) for index, (rel, _) in zip(images.tolist(), refs, strict=True)
+            ]
+        for index, (rel, digest), blob in zip(images.tolist(), refs, data, strict=True):
+            if hashlib.sha256(blob).hexdigest() != digest:
+                raise SnapshotError(f"{self.subset}: image {rel!r} (image {index} of the VLM store): SHA-256 "
+                                    "differs from the one the store recorded (changed?)")  # fmt: skip
+        return data
+
+    def _file(self, rel: str, index: int) -> bytes:
+        where = f"{self.subset}: image {rel!r} (image {index} of the VLM store)"
+        path = inside(self.subset, rel, where, noun="image path")
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise SnapshotError(f"{where}: cannot read it: {exc}") from exc
 
     def _images(self, images: np.ndarray, grid: np.ndarray, patch: int) -> tuple[list[Any], list[Any]]:
         """The decoded images ``images`` (RGB, SHA-256 checked; ``draft``: toward their target sizes) and

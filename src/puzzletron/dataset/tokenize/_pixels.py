@@ -7,8 +7,9 @@ image with PIL (bicubic, to the grid's size), then ``rescale`` (``uint8 -> float
 function of one ``uint8`` and its channel, so the arithmetic is done once per (channel, value) into a
 256-entry table per channel (the same float32 operations in the same order: identical results); each
 image's values are transposed into patch order as uint8 (a quarter of the bytes a float32 transpose
-moves), turned into table indices in one pass, and the table is gathered straight into the output, in float32 or directly in ``bfloat16``
-(each entry rounded as ``Tensor.to(bfloat16)`` rounds it): about half the processor's time in bfloat16.
+moves), turned into table indices in one pass, and the table is gathered straight into the output, in
+float32 or directly in ``bfloat16`` (each entry rounded as ``Tensor.to(bfloat16)`` rounds it): about half
+the processor's time in bfloat16.
 Only a plain processor qualifies (`fast_pixels` returns None otherwise and the processor itself runs);
 tests compare every batch's pixels with the processor's own.
 

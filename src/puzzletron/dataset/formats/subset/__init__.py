@@ -14,6 +14,7 @@ from puzzletron.dataset.formats.subset._layout import (
     SUBSET_FORMAT_VERSION,
     image_items,
     is_original_layout,
+    is_sharded,
 )
 from puzzletron.dataset.formats.subset.reader import (
     SubsetReader,
@@ -43,6 +44,7 @@ __all__ = [
     "describe_subset",
     "image_items",
     "is_original_layout",
+    "is_sharded",
     "load_materialized_conversation_subset",
     "load_materialized_intersyn_subset",
     "materialize_normalized_conversation_samples",

@@ -17,6 +17,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from puzzletron.dataset.conversation.images import decode_rgb
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats.manifest import (
     MANIFEST,
@@ -26,6 +29,8 @@ from puzzletron.dataset.formats.manifest import (
     load_json,
     parse_json,
 )
+from puzzletron.dataset.formats.media_shards import MediaShards
+from puzzletron.dataset.formats.media_shards import check_record as check_media
 from puzzletron.dataset.formats.subset._layout import (
     IDX_HEADER,
     IDX_MAGIC,
@@ -34,11 +39,14 @@ from puzzletron.dataset.formats.subset._layout import (
     SAMPLES,
     SUBSET_FORMAT,
     SUBSET_FORMAT_VERSION,
+    SUBSET_SHARDED_VERSION,
     image_items,
     is_original_layout,
+    is_sharded,
     label,
     little_endian,
 )
+from puzzletron.dataset.storage.local import LocalFiles
 
 __all__ = [
     "SubsetReader",
@@ -81,11 +89,11 @@ def subset_manifest(root: Path, *, counts: bool = True, records: bool = True) ->
     if fmt is not None and fmt != SUBSET_FORMAT:
         raise SnapshotError(f"{where}: a {fmt!r} manifest, not a conversation subset")
     version = manifest.get("version")
-    wanted = 1 if is_original_layout(manifest) else SUBSET_FORMAT_VERSION
-    if type(version) is not int or version != wanted:
+    wanted = (1,) if is_original_layout(manifest) else (SUBSET_FORMAT_VERSION, SUBSET_SHARDED_VERSION)
+    if type(version) is not int or version not in wanted:
         raise SnapshotError(
-            f"{where}: format version {version!r} is not supported "
-            f"(this code reads {SUBSET_FORMAT_VERSION} and the original layout, 1)"
+            f"{where}: format version {version!r} is not supported (this code reads "
+            f"{SUBSET_FORMAT_VERSION}, {SUBSET_SHARDED_VERSION} with media shards and the original layout, 1)"
         )
     image_count = _count(manifest, "image_count", where)
     _count(manifest, "sample_count", where)
@@ -104,6 +112,9 @@ def subset_manifest(root: Path, *, counts: bool = True, records: bool = True) ->
             record = manifest.get(key)
             if not isinstance(record, Mapping) or not isinstance(record.get("path"), str):
                 raise SnapshotError(f"{where}: {key!r} is {record!r}; expected a file record with a path")
+    if is_sharded(manifest):
+        samples = manifest["sample_count"]
+        check_media(manifest.get("media"), str(where), images=image_count, samples=samples)
     return manifest
 
 
@@ -134,6 +145,10 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     else:
         check_file(root, manifest["samples"], "sample file")
         _check_index_count(check_file(root, manifest["index"], "sample index"), manifest["sample_count"])
+    if is_sharded(manifest):  # the images are named in the shards' index, not files
+        for record in manifest["media"]["files"]:
+            check_file(root, record, "media file")
+        return manifest
     for record in manifest["images"]:
         where = "image"
         if isinstance(record, Mapping):
@@ -155,10 +170,13 @@ class SubsetReader(Sequence):
         self._manifest: dict[str, Any] | None = None
         self._legacy: list[dict[str, Any]] | None = None
         self._fds: tuple[int, int] | None = None
+        self._media: MediaShards | None = None
         if not (self.root / MANIFEST).is_file():
             raise SnapshotError(f"{self.root}: no {MANIFEST}; not a complete subset")
         # format, version and counts before any sample is served (image records: when one is used)
         header = subset_manifest(self.root, records=False)
+        self.sharded = is_sharded(header)
+        self._media_record = header.get("media") if self.sharded else None
         if not is_original_layout(header):
             if not ((self.root / INDEX).is_file() and (self.root / SAMPLES).is_file()):
                 raise SnapshotError(f"{self.root}: {SAMPLES} or {INDEX} is missing; not a complete subset")
@@ -238,7 +256,7 @@ class SubsetReader(Sequence):
             self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fds": None}
+        return {**self.__dict__, "_fds": None}  # the media shards pickle with their pins
 
     def __len__(self) -> int:
         return self._count
@@ -291,9 +309,29 @@ class SubsetReader(Sequence):
             raise SnapshotError(f"{self.root / SAMPLES}: sample {i} is not a JSON object")
         return sample
 
+    @property
+    def media(self) -> MediaShards:
+        """The media shards of a version-3 subset (opened on first use)."""
+        if self._media is None:
+            if self._media_record is None:
+                raise SnapshotError(f"{self.root}: its images are files, not media shards")
+            self._media = MediaShards(LocalFiles(self.root), self._media_record, where=str(self.root))
+        return self._media
+
     def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
         sample = self.raw(i)
         name = label(i % self._count, sample)
+        if self.sharded:  # each image decoded from its shard (SHA-256 checked), as transformers loads one
+            items = [item for _, item in image_items(sample)]
+            first, stop = (int(v) for v in self.media.sample_images()[i % self._count : i % self._count + 2])
+            if stop - first != len(items):
+                raise SnapshotError(f"{self.root}: {name} has {len(items)} image items; the media index "
+                                    f"gives it {stop - first} images")  # fmt: skip
+            for k, (item, data) in enumerate(
+                zip(items, self.media.read(np.arange(first, stop)), strict=True)
+            ):
+                item["image"] = decode_rgb(data, where=f"{self.root}: {name} image {k}")
+            return sample
         for field, item in image_items(sample):
             path = inside(self.root, item.get("image"), f"{self.root}: {name} {field}")
             if not path.is_file():
@@ -323,10 +361,11 @@ def load_materialized_conversation_subset(output_dir: str | Path) -> list[dict[s
             sample = reader[i]
             for k, (field, item) in enumerate(image_items(sample)):
                 record = expected.pop((i, k), None)
-                if record is None or str(root / record["path"]) != item["image"]:
+                path = None if reader.sharded else str(root / record["path"]) if record else ""
+                if record is None or (path is not None and path != item["image"]):
                     raise SnapshotError(
-                        f"{root}: {label(i, sample)} {field}: image {item['image']!r} is not the manifest's "
-                        f"image {k} of that sample ({record and record['path']!r})"
+                        f"{root}: {label(i, sample)} {field}: image {item['image']!r:.80} is not the "
+                        f"manifest's image {k} of that sample ({record and record['path']!r})"
                     )
             samples.append(sample)
     if expected:
