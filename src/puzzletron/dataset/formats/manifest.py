@@ -45,6 +45,7 @@ __all__ = [
     "human_size",
     "inside",
     "load_json",
+    "load_source_json",
     "parse_json",
     "read_bounded",
     "read_regular",
@@ -220,6 +221,21 @@ def load_json(
         return parse_json(data, what, max_depth=max_depth)
     except ValueError as exc:
         raise SnapshotError(f"{path}: {exc}") from exc
+
+
+def load_source_json(
+    source: Any, rel: str, where: Any, what: str = "the manifest", *, max_depth: int | None = MAX_JSON_DEPTH
+) -> Any:
+    """The JSON value of file `rel` read through the `storage.sources.ByteSource` `source` (a folder or an
+    URL prefix), named `where` in errors; `SnapshotError` when it is missing or not JSON (`parse_json`)."""
+    try:
+        raw = source.read_bytes(rel)
+    except (SnapshotError, OSError) as exc:
+        raise SnapshotError(f"{where}: {what} is missing or unreadable ({exc})") from None
+    try:
+        return parse_json(raw, what, max_depth=max_depth)
+    except ValueError as exc:
+        raise SnapshotError(f"{where}: {exc}") from None
 
 
 def inside(root: Path, rel: Any, what: str, *, noun: str = "image path", within: str = "the subset") -> Path:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,15 +37,43 @@ from puzzletron.dataset.conversation.images import decode_rgb, shown_size
 from puzzletron.dataset.distributed import BatchKey, PackedBatches
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats.binary import ragged_arange
-from puzzletron.dataset.formats.manifest import inside
+from puzzletron.dataset.formats.manifest import MANIFEST, inside
 from puzzletron.dataset.formats.media_shards import MediaShards
 from puzzletron.dataset.formats.subset import is_sharded, subset_manifest
 from puzzletron.dataset.formats.vlm_store import VlmStore
 from puzzletron.dataset.packing import Units, mrope_ids
 from puzzletron.dataset.storage.local import LocalFiles
+from puzzletron.dataset.storage.objects import is_url
+from puzzletron.dataset.storage.sources import open_source
 from puzzletron.dataset.tokenize import VlmProcessor, pixel_normalization, vlm_processor
 
-__all__ = ["VlmMedia", "VlmPackedBatches", "check_processor"]
+__all__ = [
+    "MEDIA_CHUNK",
+    "VlmMedia",
+    "VlmPackedBatches",
+    "check_processor",
+    "check_subset",
+    "subset_location",
+]
+
+MEDIA_CHUNK = 256 << 10  # bytes an URL subset's images are fetched and cached in (an image is ~0.1-1 MiB)
+
+
+def subset_location(path: str | Path) -> Path | str:
+    """A subset's location as the pixel path keeps it: an absolute folder or an URL."""
+    return str(path).rstrip("/") if is_url(path) else Path(os.path.abspath(path))
+
+
+def check_subset(store: VlmStore, subset: Path | str) -> None:
+    """`SnapshotError` unless `subset` (a folder or an URL) is the subset the store was built from (its
+    manifest's SHA-256)."""
+    recorded = store.manifest["identity"]["subset"]["manifest_sha256"]
+    try:
+        raw = open_source(subset).read_bytes(MANIFEST)
+    except (SnapshotError, OSError):
+        raw = None
+    if raw is None or hashlib.sha256(raw).hexdigest() != recorded:
+        raise SnapshotError(f"{subset} is not the subset the VLM store {store.path} was built from")
 
 
 def check_processor(store: VlmStore, parts: VlmProcessor) -> None:
@@ -66,7 +95,7 @@ class VlmMedia:
     where the processor's target side is at most half the source: not bit-exact, opt-in)."""
 
     store: VlmStore
-    subset: Path
+    subset: Path | str  # a folder, or an URL prefix (its objects read through the node's cache)
     processor: Any
     pixel_dtype: torch.dtype = torch.float32
     draft: bool = False
@@ -74,10 +103,18 @@ class VlmMedia:
     @functools.cached_property
     def shards(self) -> MediaShards | None:
         """The subset's media shards (a version-3 subset), None when its images are files."""
-        manifest = subset_manifest(self.subset, records=False)
+        manifest = subset_manifest(self.subset, records=False, source=self.files)
         if not is_sharded(manifest):
             return None
-        return MediaShards(LocalFiles(self.subset), manifest["media"], where=str(self.subset))
+        return MediaShards(self.files, manifest["media"], where=str(self.subset))
+
+    @functools.cached_property
+    def files(self) -> Any:
+        """The subset's `storage.sources.ByteSource`: an URL's reads images in `MEDIA_CHUNK` ranges through
+        the node's cache (a rank fetches its images, not the shards around them)."""
+        if isinstance(self.subset, str):
+            return open_source(self.subset, chunk_size=MEDIA_CHUNK)
+        return LocalFiles(self.subset)
 
     def _ordinals(self, images: np.ndarray) -> np.ndarray:
         """The subset image order of the store's images ``images``: image ``k`` of store sample ``s`` is
@@ -107,6 +144,9 @@ class VlmMedia:
 
     def _file(self, rel: str, index: int) -> bytes:
         where = f"{self.subset}: image {rel!r} (image {index} of the VLM store)"
+        if isinstance(self.subset, str):  # an object of the subset: a relative name, no '..'
+            inside(Path("/"), rel, where, noun="image path")
+            return self.files.read_bytes(rel)
         path = inside(self.subset, rel, where, noun="image path")
         try:
             return path.read_bytes()

@@ -32,13 +32,14 @@ from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
 from puzzletron.dataset.formats.token_store import TokenStore, read_strings
 from puzzletron.dataset.formats.vlm_store import _layout as layout
 from puzzletron.dataset.formats.vlm_store._layout import VLM_STORE_FORMAT, VLM_STORE_VERSION
-from puzzletron.dataset.storage.local import LocalFiles
+from puzzletron.dataset.storage.sources import open_source
 
 __all__ = ["VLM_STORE_FORMAT", "VLM_STORE_VERSION", "VlmStore"]
 
 
 class VlmStore:
-    """A read-only view of the VLM store at `path` (a local folder): its tokens (``tokens``, a
+    """A read-only view of the VLM store at `path` (a folder, or an URL prefix read through the node's
+    object cache, every object pinned by its ETag: ``docs/object-storage.md``): its tokens (``tokens``, a
     `TokenStore`, whose ``lengths``, ``offsets``, ``read``, ``sample``, ``sample_ids`` and ``skipped_ids``
     this store serves) plus the image table.
 
@@ -49,9 +50,10 @@ class VlmStore:
     """
 
     def __init__(self, path: str | Path) -> None:
-        self.path = layout.local_root(path)
-        self.manifest = layout.read_complete_manifest(self.path)
-        self.tokens = TokenStore(self.path / layout.TOKENS)
+        self.path: Any = layout.local_root(path)
+        self._files = open_source(self.path)
+        self.manifest = layout.read_complete_manifest(self.path, self._files)
+        self.tokens = TokenStore(layout.at(self.path, layout.TOKENS))
         counts, recorded = self.manifest["counts"], self.tokens.manifest
         if recorded["identity"] != layout.token_identity(self.manifest["identity"]) or any(
             recorded["counts"][k] != counts[k] for k in ("rows", "samples", "skipped")
@@ -64,7 +66,6 @@ class VlmStore:
         self.processor: dict[str, Any] = dict(self.manifest["processor"])
         self.image_token_id: int = self.processor["image_token_id"]
         self.merge_size: int = self.processor["merge_size"]
-        self._files = LocalFiles(self.path)
         for record in self.manifest["files"]:  # pinned before a byte is read
             if record["path"] != layout.TOKENS_MANIFEST:
                 self._files.pin(record["path"])

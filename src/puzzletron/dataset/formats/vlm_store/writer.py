@@ -173,15 +173,17 @@ def assemble_vlm_store(
     *,
     fields: Mapping[str, Any],
     token_fields: Mapping[str, Any],
+    link_shards: bool = True,
 ) -> dict[str, Any]:
     """Write the store into the empty directory `tmp` from finished shards (in shard order, with their
     `records`): ``tokens/`` by `assemble_store` with ``token_fields``; the image table (offsets rebased)
     with its block checksums; the manifest (``fields``: identity, its hash, processor facts, built_with)
-    written last. Returns it."""
+    written last. Returns it. ``link_shards=False``: the token shards' data files are elsewhere (on object
+    storage, uploaded already)."""
     (tmp / layout.TOKENS).mkdir()
     assemble_store(
         tmp / layout.TOKENS, [d / layout.TOKENS for d in shard_dirs], [r["tokens"] for r in records],
-        fields=token_fields,
+        fields=token_fields, link_shards=link_shards,
     )  # fmt: skip
     (tmp / "media").mkdir()
     out = {rel: HashingFile(tmp / rel) for rel in _PARTS.values()}
