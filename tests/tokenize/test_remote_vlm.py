@@ -237,3 +237,19 @@ def test_a_rank_fetches_only_the_media_of_its_own_packs(
     needed = sum(r["bytes"] for r in records)
     assert needed <= got <= needed + len(records) * 2 * chunk  # its images, a cache chunk either side at most
     assert got < total / 2  # a quarter of the packs: never the whole subset
+
+
+def test_the_automodel_factory_reads_a_subset_and_its_store_at_urls(sharded, local, bucket) -> None:
+    from puzzletron.dataset import load_materialized_conversation_dataset
+
+    subset = _upload(sharded, f"{bucket}/a/subset")
+    store = _upload(local, f"{bucket}/a/store")
+    here = load_materialized_conversation_dataset(sharded, vlm_store=local)
+    there = load_materialized_conversation_dataset(subset, vlm_store=store)
+    assert len(there) == len(here)
+    for i in range(len(here)):
+        a, b = here[i], there[i]
+        assert a.get("_text_tokens") == b.get("_text_tokens") and a["mm_inputs_meta"] == b["mm_inputs_meta"]
+        pictures = [[np.asarray(it["image"]) for t in x["conversation"] for it in t["content"]
+                     if it.get("type") == "image"] for x in (a, b)]  # fmt: skip
+        assert all(np.array_equal(p, q) for p, q in zip(*pictures, strict=True))

@@ -37,9 +37,9 @@ from puzzletron.dataset.conversation.images import decode_rgb, shown_size
 from puzzletron.dataset.distributed import BatchKey, PackedBatches
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats.binary import ragged_arange
-from puzzletron.dataset.formats.manifest import MANIFEST, inside
+from puzzletron.dataset.formats.manifest import inside
 from puzzletron.dataset.formats.media_shards import MediaShards
-from puzzletron.dataset.formats.subset import is_sharded, subset_manifest
+from puzzletron.dataset.formats.subset import is_sharded, manifest_sha256, subset_manifest
 from puzzletron.dataset.formats.vlm_store import VlmStore
 from puzzletron.dataset.packing import Units, mrope_ids
 from puzzletron.dataset.storage.local import LocalFiles
@@ -67,12 +67,7 @@ def subset_location(path: str | Path) -> Path | str:
 def check_subset(store: VlmStore, subset: Path | str) -> None:
     """`SnapshotError` unless `subset` (a folder or an URL) is the subset the store was built from (its
     manifest's SHA-256)."""
-    recorded = store.manifest["identity"]["subset"]["manifest_sha256"]
-    try:
-        raw = open_source(subset).read_bytes(MANIFEST)
-    except (SnapshotError, OSError):
-        raw = None
-    if raw is None or hashlib.sha256(raw).hexdigest() != recorded:
+    if manifest_sha256(subset) != store.manifest["identity"]["subset"]["manifest_sha256"]:
         raise SnapshotError(f"{subset} is not the subset the VLM store {store.path} was built from")
 
 

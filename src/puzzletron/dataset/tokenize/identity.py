@@ -16,7 +16,6 @@ True
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.manifest import MANIFEST, canonical_sha256, sha256_file
-from puzzletron.dataset.formats.subset import LEGACY_SAMPLES, SUBSET_FORMAT, subset_manifest
+from puzzletron.dataset.formats.subset import LEGACY_SAMPLES, SUBSET_FORMAT, manifest_sha256, subset_manifest
 from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT, TextSplit
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
 from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT, VLM_STORE_VERSION
@@ -152,8 +151,7 @@ def subset_identity(root: Path | str) -> dict[str, Any]:
         manifest = subset_manifest(str(root), records=False, source=source)
         if "format" not in manifest:
             raise ConfigError(f"{root}: a subset of the original layout is read from a folder, not an URL")
-        digest = hashlib.sha256(source.read_bytes(MANIFEST)).hexdigest()
-        return {"format": SUBSET_FORMAT, "manifest_sha256": digest,
+        return {"format": SUBSET_FORMAT, "manifest_sha256": manifest_sha256(str(root)),
                 "sample_count": manifest["sample_count"], "image_count": manifest["image_count"]}  # fmt: skip
     root = Path(root)
     manifest = subset_manifest(root, records=False)

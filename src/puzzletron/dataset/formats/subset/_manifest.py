@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,22 @@ from puzzletron.dataset.formats.subset._layout import (
 from puzzletron.dataset.storage.objects import is_url, join_url
 from puzzletron.dataset.storage.sources import open_source
 
-__all__ = ["read_manifest", "subset_manifest", "subset_root"]
+__all__ = ["manifest_sha256", "read_manifest", "subset_manifest", "subset_root"]
 
 
 def subset_root(path: str | Path) -> Path | str:
     """A subset's location: an absolute folder, or an URL without its trailing slash."""
     return str(path).rstrip("/") if is_url(path) else Path(path).absolute()
+
+
+def manifest_sha256(root: Path | str) -> str | None:
+    """The SHA-256 hex of the subset's ``manifest.json`` at `root` (a folder or an URL; what a VLM store's
+    identity names it by), None when there is none."""
+    try:
+        raw = open_source(root).read_bytes(MANIFEST)
+    except (SnapshotError, OSError):
+        return None
+    return hashlib.sha256(raw).hexdigest()
 
 
 def _at(root: Path | str, rel: str) -> Any:
