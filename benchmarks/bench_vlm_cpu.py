@@ -275,7 +275,7 @@ def main() -> None:
     results: dict[str, Any] = {"steps": args.steps, "repeats": args.repeats}
     for pack in (int(p) for p in args.packs.split(",")):
         common = {"store": str(store), "processor": str(processor), "subset": str(subset), "pack": pack}
-        for mode in args.modes.split(","):
+        for mode in filter(None, args.modes.split(",")):
             run = {**common, "mode": mode, "steps": args.steps, "skip": args.skip}
             row: dict[str, Any] = {
                 "breakdown": _median([_child("breakdown", run) for _ in range(args.repeats)])

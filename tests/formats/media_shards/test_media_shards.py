@@ -211,3 +211,58 @@ def test_a_failed_materialisation_publishes_no_shards(tmp_path) -> None:
             samples(), tmp_path / "out", media="shards", shard_bytes=SHARD
         )
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def _materialize_and_die(dest: Path, kill_at: int | None, trace: Path | None) -> None:
+    """Child: materialise with media shards, SIGKILLed before the `kill_at`-th file operation under the
+    destination's parent (PEP 578 audit events: `open`, `os.mkdir`, `os.rename`, ...)."""
+    import os
+    import signal
+    import sys
+
+    parent, seen = str(dest.parent), []
+
+    def hook(event: str, args: tuple) -> None:
+        if (
+            event.split(".")[0] not in ("open", "os")
+            or not args
+            or not isinstance(args[0], str | os.PathLike)
+        ):
+            return
+        if not os.fspath(args[0]).startswith(parent):
+            return
+        seen.append(event)
+        if len(seen) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    sys.addaudithook(hook)
+    materialize_normalized_conversation_samples(iter(vlm_samples(8)), dest, media="shards", shard_bytes=SHARD)
+    if trace is not None:
+        trace.write_text(json.dumps(seen))
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_file_operation_leaves_no_subset_or_a_complete_one_and_no_debris(tmp_path) -> None:
+    import multiprocessing
+    import signal
+
+    fork = multiprocessing.get_context("fork")
+    trace = tmp_path / "trace.json"
+    probe = fork.Process(target=_materialize_and_die, args=(tmp_path / "probe" / "dest", None, trace))
+    probe.start()
+    probe.join(60)
+    events = json.loads(trace.read_text())
+    outcomes = set()
+    for k in sorted({*range(1, len(events) + 1, max(1, len(events) // 12)), len(events)}):
+        dest = tmp_path / f"kill{k}" / "dest"
+        child = fork.Process(target=_materialize_and_die, args=(dest, k, None))
+        child.start()
+        child.join(60)
+        assert child.exitcode == -signal.SIGKILL
+        outcomes.add("complete" if dest.exists() else "absent")
+        assert not dest.exists() or verify_subset(dest).ok  # never a half-written subset
+        materialize_normalized_conversation_samples(
+            iter(vlm_samples(8)), dest, media="shards", shard_bytes=SHARD
+        )
+        assert verify_subset(dest).ok and sorted(p.name for p in dest.parent.iterdir()) == ["dest"]
+    assert "absent" in outcomes
