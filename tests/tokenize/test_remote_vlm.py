@@ -84,13 +84,26 @@ def _files(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _same_store(url: str, subset: str, local: Path) -> bool:
+    """The objects at `url` are the local build's bytes, the manifest's ``subset_path`` (where the subset
+    was: the URL it was read from) alone apart."""
+    got, want = _objects(url), _files(local)
+    recorded = json.loads(got["manifest.json"])
+    assert recorded.pop("subset_path") == subset
+    reference = json.loads(want["manifest.json"])
+    reference.pop("subset_path")
+    return recorded == reference and {k: v for k, v in got.items() if k != "manifest.json"} == {
+        k: v for k, v in want.items() if k != "manifest.json"
+    }
+
+
 def test_a_store_built_at_an_url_from_an_url_subset_is_a_local_build_and_gives_its_batches(
     sharded, local, reference, bucket, processor_dirs
 ) -> None:
     subset = _upload(sharded, f"{bucket}/subsets/vlm")
     processor = processor_dirs["qwen2_5_vl"]
     url = build_vlm_store(subset, processor=processor, output=f"{bucket}/stores/vlm/", rows_per_shard=ROWS)
-    assert url == f"{bucket}/stores/vlm" and _objects(url) == _files(local)
+    assert url == f"{bucket}/stores/vlm" and _same_store(url, subset, local)
     assert len(VlmStore(url)) == len(VlmStore(local))
     batches = build_vlm_batches(url, processor=processor, subset=subset, spec=SPEC, batch_size=2, seed=1)
     assert [b.fingerprint for b in batches] == reference
@@ -110,7 +123,7 @@ def test_the_command_line_tokenises_an_url_subset_into_an_url_store(
                  "--rows-per-shard", str(ROWS), "--json"])  # fmt: skip
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and line["status"] == "done" and line["path"] == url
-    assert _objects(url) == _files(local)
+    assert _same_store(url, subset, local)
 
 
 def _build_and_die(subset: str, processor: Path, url: str, uploads: int) -> None:
@@ -150,7 +163,7 @@ def test_a_killed_build_publishes_no_store_and_its_rerun_completes_it(
         build_vlm_store(subset, processor=processor_dirs["qwen2_5_vl"], output=url, rows_per_shard=ROWS)
         == url
     )
-    assert _objects(url) == _files(local)
+    assert _same_store(url, subset, local)
     assert all(rel.startswith(("store/", "subset/")) for rel in Objects(f"{bucket}/k").list())  # no staging
 
 
@@ -186,7 +199,7 @@ def test_gloo_worlds_of_1_and_2_ranks_build_the_same_objects_each_rank_its_own_s
         assert [sorted(r["shards"]) for r in ranks] == [
             [k for k in range(3) if k % world == r] for r in range(world)
         ]
-        assert _objects(url) == _files(local)
+        assert _same_store(url, subset, local)
 
 
 def test_a_media_shard_overwritten_after_the_subset_was_opened_is_refused(

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["fast_pixels", "normalize_pixels", "pixel_normalization"]
+__all__ = ["fast_pixels", "normalize_pixels", "normalized_pixels", "pixel_normalization"]
 
 _BICUBIC = 3  # PIL.Image.Resampling.BICUBIC
 _TABLES: dict[tuple[Any, ...], np.ndarray] = {}
@@ -87,6 +87,19 @@ def normalize_pixels(
     width = pixels.shape[1]
     base = torch.arange(3, dtype=torch.int32, device=device).mul_(256).repeat_interleave(width // 3)
     return table[pixels.int() + base].to(dtype)
+
+
+def normalized_pixels(
+    kwargs: dict[str, Any], metadata: Any, dtype: torch.dtype | None = None
+) -> dict[str, Any]:
+    """A model's `kwargs` with uint8 ``pixel_values`` normalised where they are (after ``batch.to(device)``:
+    on the accelerator) when the batch's `metadata` (``source_metadata``) holds ``pixel_normalization``
+    (``build_vlm_batches(..., pixel_dtype=torch.uint8)``): exactly the image processor's float32 output,
+    then `dtype` (the model's; float32 when None). What `clients.attention.model_inputs` calls."""
+    norm, pixels = metadata.get("pixel_normalization"), kwargs.get("pixel_values")
+    if norm is None or not isinstance(pixels, torch.Tensor) or pixels.dtype != torch.uint8:
+        return kwargs
+    return {**kwargs, "pixel_values": normalize_pixels(pixels, norm, dtype or torch.float32)}
 
 
 def fast_pixels(

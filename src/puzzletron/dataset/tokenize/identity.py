@@ -166,9 +166,7 @@ def subset_identity(root: Path | str) -> dict[str, Any]:
     return out
 
 
-def vlm_store_identity(
-    subset: Path | str, *, processor: str | Path | Any, rows_per_shard: int
-) -> dict[str, Any]:
+def vlm_store_identity(subset: Path | str, *, processor: Any, rows_per_shard: int) -> dict[str, Any]:
     """The identity of the VLM store of the subset at `subset` under `processor`."""
     return {
         "format": VLM_STORE_FORMAT,

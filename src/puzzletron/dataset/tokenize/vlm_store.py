@@ -308,14 +308,7 @@ def build_vlm_store(
     else:  # a VLM store of this identity anywhere under the cache directory, else at its hash
         found = cache_path(cache_dir, identity, complete=read_complete_manifest)
         dest = found if isinstance(found, str) else Path(found)
-    build = _VlmBuild(
-        subset=root,
-        dest=dest,
-        identity=identity,
-        digest=digest,
-        processor=str(processor) if isinstance(processor, str | Path) else processor,
-        rows_per_shard=rows_per_shard,
-        batch_size=batch_size,
-    )
+    proc = str(processor) if isinstance(processor, str | Path) else processor  # workers load a path once
+    build = _VlmBuild(root, dest, identity, digest, proc, rows_per_shard, batch_size)
     run_build(build, num_proc=num_proc, progress=progress)
     return dest  # type: ignore[return-value]

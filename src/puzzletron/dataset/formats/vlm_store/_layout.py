@@ -18,15 +18,8 @@ from typing import Any
 
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
-from puzzletron.dataset.formats.manifest import (
-    MANIFEST,
-    canonical_sha256,
-    check_file,
-    check_store_header,
-    check_store_records,
-    load_json,
-    load_source_json,
-)
+from puzzletron.dataset.formats import manifest as _manifest
+from puzzletron.dataset.formats.manifest import MANIFEST, check_file, load_json, load_source_json
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
 from puzzletron.dataset.formats.vlm_store.settings import pixel_problems
 from puzzletron.dataset.storage.objects import is_url, join_url
@@ -153,7 +146,9 @@ def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
     """`manifest` (a parsed VLM ``manifest.json``, named `where` in errors) with every field checked:
     format and version, identity and its hash, processor facts, counts, block checksums, file records.
     `SnapshotError` naming the first field that is wrong. Reads nothing else."""
-    check_store_header(manifest, where, fmt=VLM_STORE_FORMAT, version=VLM_STORE_VERSION, what="VLM store")
+    _manifest.check_store_header(
+        manifest, where, fmt=VLM_STORE_FORMAT, version=VLM_STORE_VERSION, what="VLM store"
+    )
     keys = set(manifest) - {SUBSET_PATH}
     if keys != _KEYS:
         raise SnapshotError(f"{where}: keys {sorted(_KEYS - keys)} are missing and "
@@ -165,11 +160,11 @@ def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
         raise SnapshotError(f"{where}: identity is {identity!r:.80}; expected a VLM store identity")
     if identity.get("version") != manifest["version"]:
         raise SnapshotError(f"{where}: identity names version {identity.get('version')!r}, not this store's")
-    if manifest["identity_sha256"] != canonical_sha256(identity):
+    if manifest["identity_sha256"] != _manifest.canonical_sha256(identity):
         raise SnapshotError(f"{where}: identity_sha256 is not the SHA-256 of its identity")
     _check_processor(manifest["processor"], where)
     _check_counts(manifest["counts"], where)
-    check_store_records(manifest, where)
+    _manifest.check_store_records(manifest, where)
     return manifest
 
 

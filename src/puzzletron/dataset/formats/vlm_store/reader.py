@@ -28,10 +28,11 @@ import numpy as np
 
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
-from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
+from puzzletron.dataset.formats.subset import manifest_sha256
 from puzzletron.dataset.formats.token_store import TokenStore, read_strings
 from puzzletron.dataset.formats.vlm_store import _layout as layout
 from puzzletron.dataset.formats.vlm_store._layout import VLM_STORE_FORMAT, VLM_STORE_VERSION
+from puzzletron.dataset.storage.objects import is_url
 from puzzletron.dataset.storage.sources import open_source
 
 __all__ = ["VLM_STORE_FORMAT", "VLM_STORE_VERSION", "VlmStore"]
@@ -79,18 +80,16 @@ class VlmStore:
         )
         self._arrays: dict[str, np.ndarray] = {}
 
-    def recorded_subset(self) -> Path | None:
-        """The subset the store was built from where it was then (the manifest's ``subset_path``), if it is
-        still that subset there (its ``manifest.json`` has the SHA-256 the identity records); else None."""
+    def recorded_subset(self) -> Path | str | None:
+        """The subset the store was built from where it was then (the manifest's ``subset_path``: a folder
+        or an URL), if it is still that subset there (its ``manifest.json`` has the SHA-256 the identity
+        records); else None."""
         recorded = self.manifest.get(layout.SUBSET_PATH)
         if not recorded:
             return None
-        manifest = Path(recorded) / MANIFEST
+        location: Path | str = recorded if is_url(recorded) else Path(recorded)
         wanted = self.manifest["identity"]["subset"]["manifest_sha256"]
-        try:
-            return Path(recorded) if manifest.is_file() and sha256_file(manifest) == wanted else None
-        except OSError:  # unreadable there now: as good as moved
-            return None
+        return location if manifest_sha256(location) == wanted else None  # moved or changed: None
 
     def __len__(self) -> int:
         return len(self.tokens)

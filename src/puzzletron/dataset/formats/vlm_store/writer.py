@@ -57,21 +57,10 @@ class VlmShardWriter:
         self._paths: list[str] = []
 
     def add(
-        self,
-        input_ids: np.ndarray,
-        mask: np.ndarray,
-        *,
-        lengths: np.ndarray,
-        sample_ids: Sequence[str],
-        supervised: np.ndarray,
-        reasons: np.ndarray,
-        images: np.ndarray,
-        media_end: np.ndarray,
-        grid: np.ndarray,
-        image_tokens: np.ndarray,
-        paths: Sequence[str],
-        sha256: np.ndarray,
-    ) -> None:
+        self, input_ids: np.ndarray, mask: np.ndarray, *, lengths: np.ndarray, sample_ids: Sequence[str],
+        supervised: np.ndarray, reasons: np.ndarray, images: np.ndarray, media_end: np.ndarray,
+        grid: np.ndarray, image_tokens: np.ndarray, paths: Sequence[str], sha256: np.ndarray,
+    ) -> None:  # fmt: skip
         """Append a batch of rows. Every row, in order: ``sample_ids`` and ``supervised`` labels (0: the row
         is skipped); the skipped rows' ``reasons`` (indices of ``SKIP_REASONS``), in order. The kept rows:
         flat ``input_ids`` / ``mask`` ``[N]``, ``lengths``, ``images`` (how many) and ``media_end``; their
