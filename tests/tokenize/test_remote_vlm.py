@@ -266,3 +266,17 @@ def test_the_automodel_factory_reads_a_subset_and_its_store_at_urls(sharded, loc
         pictures = [[np.asarray(it["image"]) for t in x["conversation"] for it in t["content"]
                      if it.get("type") == "image"] for x in (a, b)]  # fmt: skip
         assert all(np.array_equal(p, q) for p, q in zip(*pictures, strict=True))
+
+
+def test_verify_and_inspect_read_a_sharded_subset_and_a_vlm_store_at_urls(sharded, local, bucket) -> None:
+    from puzzletron.dataset import formats
+
+    subset = _upload(sharded, f"{bucket}/v/subset")
+    store = _upload(local, f"{bucket}/v/store")
+    assert formats.verify(subset).ok and formats.verify(store).ok
+    assert formats.describe(subset)["media"]["layout"] == "shards"
+    assert formats.describe(store)["format"] == "puzzletron-vlm-store"
+    objects = Objects(subset)
+    rel = sorted(r for r in objects.list() if r.startswith("media/shards/"))[0]
+    objects.put_bytes(rel, objects.get(rel)[::-1])  # the same size, other bytes
+    assert any(f"{rel}: SHA-256 differs" in p for p in formats.verify(subset).problems)

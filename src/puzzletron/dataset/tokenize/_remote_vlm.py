@@ -27,11 +27,14 @@ from puzzletron.dataset.formats.manifest import MANIFEST, parse_json
 from puzzletron.dataset.formats.token_store import RECORD
 from puzzletron.dataset.formats.vlm_store import assemble_vlm_store, read_complete_manifest
 from puzzletron.dataset.storage.atomic import note_publication
+from puzzletron.dataset.storage.claims import release_claim, take_claim
 from puzzletron.dataset.storage.objects import Objects
 from puzzletron.dataset.storage.remote import RemoteFiles
 from puzzletron.dataset.tokenize._remote_store import scratch_dir, staging
 
 __all__ = ["RemoteVlmStore", "scratch_dir"]
+
+_ETAGS = "etags.json"
 
 _DATA = {"tokens/tokens": "tokens", "tokens/mask": "mask"}  # shard files uploaded to their final names
 _LAYOUT = re.compile(
@@ -64,14 +67,25 @@ class RemoteVlmStore:
                                 f"({strangers[:3]}); choose another output")  # fmt: skip
         return None
 
+    def claim(self, owner: str) -> None:
+        """Claim `dest` for this identity before any shard is written (`storage.claims.take_claim`)."""
+        take_claim(self.dest, self.digest, owner, what="VLM store")
+
+    def release(self, owner: str) -> None:
+        """Release the claim this build took (after a clean failure)."""
+        release_claim(self.dest, self.digest, owner=owner)
+
     def upload(self, k: int, folder: Path) -> None:
         """Upload finished shard `k` from `folder`: its token data to the store, the rest to staging, the
-        record last."""
+        ETags its token objects got, the record last."""
         for rel, part in _DATA.items():
             self.store.put_file(_final(k, part), folder / rel)
         parts = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-        for rel in [p for p in parts if p not in _DATA and p != RECORD] + [RECORD]:
+        for rel in [p for p in parts if p not in _DATA and p != RECORD]:
             self.stage.put_file(f"shard-{k:06d}/{rel}", folder / rel)
+        etags = {part: getattr(self.store.info(_final(k, part)), "etag", None) for part in _DATA.values()}
+        self.stage.put_bytes(f"shard-{k:06d}/{_ETAGS}", json.dumps(etags, sort_keys=True).encode())
+        self.stage.put_file(f"shard-{k:06d}/{RECORD}", folder / RECORD)
 
     def records(self, rows: Mapping[int, tuple[int, int]]) -> dict[int, dict[str, Any]]:
         """The records (a VLM shard's, its token shard's under ``tokens``) of the shards among `rows`
@@ -82,11 +96,17 @@ class RemoteVlmStore:
             top, inner = self._record(staged, k, RECORD), self._record(staged, k, f"tokens/{RECORD}")
             if top is None or inner is None or [top.get("rows"), inner.get("rows")] != [list(span)] * 2:
                 continue
-            sizes = {
-                part: ((inner.get("files") or {}).get(part) or {}).get("bytes") for part in _DATA.values()
-            }
-            found = {part: getattr(stored.get(_final(k, part)), "size", None) for part in _DATA.values()}
-            if found == sizes:
+            etags = self._record(staged, k, _ETAGS) or {}
+            files = inner.get("files") or {}
+            for part in _DATA.values():
+                info, want = stored.get(_final(k, part)), (files.get(part) or {}).get("bytes")
+                if (
+                    info is None
+                    or info.size != want
+                    or (etags.get(part) and info.etag not in (None, etags[part]))
+                ):
+                    break  # missing, cut, or overwritten since it was uploaded (another ETag): built again
+            else:
                 out[k] = top | {"tokens": inner}
         return out
 
@@ -128,6 +148,7 @@ class RemoteVlmStore:
             self._upload_and_publish(out, manifest)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        release_claim(self.dest, self.digest)
         self.stage.delete(self.stage.list())
 
     def _upload_and_publish(self, out: Path, manifest: Mapping[str, Any]) -> None:

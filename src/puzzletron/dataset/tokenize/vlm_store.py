@@ -26,9 +26,10 @@ Building, reuse, the lock, resuming after a kill, worker processes and `torch.di
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,7 @@ import numpy as np
 from puzzletron.dataset._checks import require_positive
 from puzzletron.dataset.errors import ConfigError, ConversationError, SnapshotError
 from puzzletron.dataset.formats.binary import ragged_arange
-from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
-from puzzletron.dataset.formats.subset import SubsetReader, image_items, read_manifest
+from puzzletron.dataset.formats.subset import SubsetReader, image_items, manifest_sha256, read_manifest
 from puzzletron.dataset.formats.vlm_store import (
     SUBSET_PATH,
     VlmShardWriter,
@@ -77,8 +77,8 @@ class _ImageTable:
     paths: tuple[str, ...]
 
 
-def _image_table(root: Path) -> _ImageTable:
-    key = (str(root), sha256_file(root / MANIFEST))
+def _image_table(root: Path | str) -> _ImageTable:
+    key = (str(root), str(manifest_sha256(root)))  # a folder or an URL
     if key not in _IMAGES:
         manifest = read_manifest(root)  # every image file there with its recorded size
         records = sorted(manifest["images"], key=lambda r: (r["sample_index"], r["image_index"]))
@@ -123,6 +123,7 @@ class _VlmBuild(ShardedBuild):
     rows_per_shard: int
     batch_size: int
     what: str = "VLM store"
+    token: str = field(default_factory=lambda: secrets.token_hex(6))  # this build's scratch and claim (URL)
 
     def complete(self) -> dict[str, Any]:
         return read_complete_manifest(self.dest)
@@ -173,7 +174,15 @@ class _VlmBuild(ShardedBuild):
 
     @property
     def build_dir(self) -> Path:
-        return scratch_dir(self.digest) if self.remote else super().build_dir
+        return scratch_dir(self.digest, self.token) if self.remote else super().build_dir
+
+    def claim(self) -> None:
+        if self.remote:
+            self._remote.claim(self.token)
+
+    def release(self) -> None:
+        if self.remote:
+            self._remote.release(self.token)
 
     def keep_shard(self, shard: int, tmp: Path, record: Mapping[str, Any]) -> None:
         if not self.remote:
