@@ -48,10 +48,10 @@ RATIO = 0.9  # AutoModel's packing_ratio, as the original Puzzletron sets it
 FAKE_IMAGE_TOKENS = 4  # AutoModel's injected 56x56 image under min_pixels 3136: a 4x4 grid, 4 tokens
 
 
-def _child(part: str, args: dict[str, Any]) -> dict[str, Any]:
-    """Run ``_measure_<part>(args)`` in a fresh interpreter (its own CPU and RSS accounting)."""
-    code = f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_vlm; " \
-           f"print(json.dumps(bench_vlm._measure_{part}(json.loads(sys.argv[1]))))"  # fmt: skip
+def _child(part: str, args: dict[str, Any], module: str = "bench_vlm") -> dict[str, Any]:
+    """Run ``module._measure_<part>(args)`` in a fresh interpreter (its own CPU and RSS accounting)."""
+    code = f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import {module}; " \
+           f"print(json.dumps({module}._measure_{part}(json.loads(sys.argv[1]))))"  # fmt: skip
     out = subprocess.run(
         [sys.executable, "-c", code, json.dumps(args)], check=True, capture_output=True, text=True
     )

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from _conversation_samples import jpeg_bytes, pil_image, png_bytes
-from puzzletron.dataset.conversation.images import DECODED_FORMATS, encode_image, extension_for
+from puzzletron.dataset.conversation.images import DECODED_FORMATS, decode_rgb, encode_image, extension_for
 from puzzletron.dataset.errors import ConversationError, ImageError
 from puzzletron.fixtures.hostile import eps_bytes, exif_rotated_jpeg
 
@@ -183,3 +183,32 @@ def test_an_exif_turned_jpeg_is_recorded_with_the_size_it_is_shown_at(
     assert (out.width, out.height) == shown and out.data == data  # bytes kept, tag and all
     with Image.open(io.BytesIO(data)) as img:  # the independent reference: Pillow's own transpose
         assert ImageOps.exif_transpose(img).size == shown
+
+
+@pytest.mark.parametrize(
+    ("size", "target", "decoded"),
+    [
+        ((400, 300), (100, 75), (100, 75)),  # a quarter fits: the decoder scales by 1/4
+        ((640, 480), (280, 196), (320, 240)),  # 1/2 is the smallest that keeps the target
+        ((400, 300), (201, 150), (400, 300)),  # more than half the width: decoded whole
+        ((401, 301), (196, 140), (201, 151)),
+    ],
+)
+def test_draft_decodes_a_jpeg_at_a_reduced_size_only_at_half_the_source_or_less(size, target, decoded):
+    data = jpeg_bytes(3, size)
+    full = decode_rgb(data)
+    reduced = decode_rgb(data, draft=target)
+    assert full.size == size and reduced.size == decoded and reduced.mode == "RGB"
+    a = np.asarray(full.resize(target, Image.Resampling.BICUBIC, reducing_gap=None)).astype(np.int16)
+    b = np.asarray(reduced.resize(target, Image.Resampling.BICUBIC, reducing_gap=None)).astype(np.int16)
+    diff = np.abs(a - b)
+    assert (diff.max(), diff.mean()) <= (32, 3.0) if decoded != size else diff.max() == 0
+
+
+def test_draft_leaves_other_formats_whole_and_follows_the_exif_orientation():
+    png = png_bytes(4)
+    assert decode_rgb(png, draft=(2, 2)).size == decode_rgb(png).size
+    turned = exif_rotated_jpeg(random.Random(0), (400, 200))  # stored 400x200, shown 200x400
+    assert decode_rgb(turned).size == (200, 400)
+    assert decode_rgb(turned, draft=(50, 100)).size == (50, 100)  # 1/4 of the stored 400x200, turned
+    assert decode_rgb(turned, draft=(150, 100)).size == (200, 400)  # wider than half what is shown: whole

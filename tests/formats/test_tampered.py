@@ -76,7 +76,8 @@ def _set(key: str, value):
         (lambda m: [m], "expected a JSON object, got list"),
         (lambda m: DEEP, "nests JSON more than 64 levels"),
         (lambda m: b"\xff\xfe".decode("latin-1"), "is not JSON"),
-        (_set("version", 3), "format version 3 is not supported"),
+        (_set("version", 4), "format version 4 is not supported"),
+        (_set("version", 3), "media is None; expected the keys"),  # version 3 keeps its images in shards
         (_set("version", "2"), "format version '2' is not supported"),
         (_set("version", True), "format version True is not supported"),
         (_set("version", 2.0), "format version 2.0 is not supported"),

@@ -18,9 +18,11 @@ from _vlm_checks import Reference, check_documents, check_forward
 from _vlm_data import PLANTED
 from puzzletron.dataset.batch import DataLayout, Modality
 from puzzletron.dataset.batch.cp import batch_cp_indices, gather_cp_partitions
+from puzzletron.dataset.clients.attention import model_inputs
 from puzzletron.dataset.config import PuzzletronDataSpec
 from puzzletron.dataset.errors import ConfigError, PackingError
 from puzzletron.dataset.pipelines.vlm import build_vlm_batches
+from puzzletron.dataset.tokenize import normalize_pixels
 
 KINDS = ("qwen2_5_vl", "qwen3_vl")
 MODELS = {"qwen2_5_vl": tiny_qwen2_5_vl, "qwen3_vl": tiny_qwen3_vl}
@@ -188,3 +190,25 @@ def test_pixels_in_bfloat16(vlm_stores, processor_dirs, vlm_subset, references) 
     batch = next(iter(batches))
     assert batch.model_kwargs["pixel_values"].dtype == torch.bfloat16
     assert check_documents(batch, references["qwen2_5_vl"]) >= 3  # compared with the reference cast
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_uint8_pixels_normalise_to_the_float32_batches_and_their_logits(
+    kind, vlm_stores, processor_dirs, vlm_subset, references
+) -> None:
+    spec = _spec()
+    floats = _batches(kind, vlm_stores, processor_dirs, vlm_subset, spec, batch_size=2, seed=1)
+    raw = _batches(kind, vlm_stores, processor_dirs, vlm_subset, spec, batch_size=2, seed=1,
+                   pixel_dtype=torch.uint8)  # fmt: skip
+    for want, got in zip(floats, raw, strict=True):
+        pixels, norm = got.model_kwargs["pixel_values"], got.source_metadata["pixel_normalization"]
+        assert pixels.dtype == torch.uint8 and pixels.nbytes * 4 == want.model_kwargs["pixel_values"].nbytes
+        assert torch.equal(normalize_pixels(pixels, norm), want.model_kwargs["pixel_values"])
+        for key in ("input_ids", "position_ids", "image_grid_thw", "mm_token_type_ids"):
+            assert torch.equal(got.model_kwargs[key], want.model_kwargs[key]), key
+        inputs = model_inputs(got, backend="sdpa")  # normalised where the pixels are
+        assert torch.equal(inputs["pixel_values"], model_inputs(want, backend="sdpa")["pixel_values"])
+    model = MODELS[kind](references[kind].processor.tokenizer, "sdpa")
+    check_forward(model, next(iter(raw)), references[kind], backend="sdpa", tol=1e-10)
+    with pytest.raises(ConfigError, match=r"pixel_dtype must be a floating torch\.dtype or torch\.uint8"):
+        _batches(kind, vlm_stores, processor_dirs, vlm_subset, spec, batch_size=1, pixel_dtype=torch.int16)

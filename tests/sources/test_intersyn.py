@@ -82,3 +82,12 @@ def test_intersyn_reuse_and_other_rows_per_source(intersyn, tmp_path: Path) -> N
     again = materialize_intersyn_subset(tmp_path / "again", **pins)  # same request, another directory
     assert again == manifest
     assert tree_digest(tmp_path / "again") == tree_digest(out)
+
+
+def test_intersyn_writes_media_shards_when_asked(intersyn, tmp_path: Path) -> None:
+    out, pins, manifest = intersyn
+    sharded = materialize_intersyn_subset(tmp_path / "sharded", **pins, media="shards")
+    assert sharded["version"] == 3 and sharded["media"]["images"] == manifest["image_count"]
+    assert sharded["images"] == manifest["images"]  # the same images, by name, size and SHA-256
+    assert (tmp_path / "sharded" / "samples.jsonl").read_bytes() == (out / "samples.jsonl").read_bytes()
+    assert not (tmp_path / "sharded" / "images").exists()

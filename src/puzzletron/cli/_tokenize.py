@@ -122,14 +122,17 @@ def _tokenize_subset(args: argparse.Namespace) -> int:
     from puzzletron.dataset.errors import ConfigError
     from puzzletron.dataset.formats import MANIFEST
     from puzzletron.dataset.formats.vlm_store import VlmStore, read_complete_manifest
+    from puzzletron.dataset.storage.objects import is_url
     from puzzletron.dataset.tokenize import build_vlm_store, find_store, vlm_store_identity
     from puzzletron.dataset.tokenize.vlm_store import DEFAULT_ROWS_PER_SHARD
 
-    source = Path(args.snapshot)
+    source = args.snapshot if is_url(args.snapshot) else Path(args.snapshot)  # a folder or an URL
     if args.processor is None or args.tokenizer is not None:
         raise ConfigError(f"{source} is a conversation subset: give --processor DIR (not --tokenizer)")
     per = args.rows_per_shard or DEFAULT_ROWS_PER_SHARD
-    if args.output is not None:
+    if args.output is not None and is_url(args.output):
+        existed = _remote_manifest(args.output)
+    elif args.output is not None:
         existed = (Path(args.output) / MANIFEST).is_file()
     else:
         identity = vlm_store_identity(source, processor=args.processor, rows_per_shard=per)
@@ -161,9 +164,10 @@ def _tokenize(args: argparse.Namespace) -> int:
     from puzzletron.dataset.formats.subset import SUBSET_FORMAT
     from puzzletron.dataset.formats.token_store import TokenStore
     from puzzletron.dataset.storage.atomic import total_publications
+    from puzzletron.dataset.storage.objects import is_url
     from puzzletron.dataset.tokenize import build_token_store
 
-    if _refuse_a_store(Path(args.snapshot)) == SUBSET_FORMAT:
+    if _refuse_a_store(args.snapshot if is_url(args.snapshot) else Path(args.snapshot)) == SUBSET_FORMAT:
         return _tokenize_subset(args)
     if args.tokenizer is None or args.processor is not None:
         raise ConfigError(

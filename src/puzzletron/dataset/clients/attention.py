@@ -40,6 +40,7 @@ from puzzletron.dataset.batch import (
 from puzzletron.dataset.batch.segments import run_starts
 from puzzletron.dataset.clients.hf_model import model_backend, model_dtype
 from puzzletron.dataset.errors import BatchValidationError, ConfigError
+from puzzletron.dataset.tokenize import normalized_pixels
 
 __all__ = ["Backend", "MaskMode", "forward_kwargs", "model_inputs"]
 
@@ -380,8 +381,7 @@ def model_inputs(
     ``image_grid_thw`` ``[images, 3]``, ``mm_token_type_ids``; any other kwarg) without the attention and
     packing metadata of a collator (``attention_mask``, ``padding_mask``, ``cu_seqlens``, THD ``seq_lens*``,
     flash ``cu_seq_lens_*``, image counts; media a split left empty), then `forward_kwargs` of ``backend``
-    (``mask`` and ``dtype``
-    as there), ``use_cache=False``, and the labels when the batch has them:
+    (``mask`` and ``dtype`` as there), ``use_cache=False``, and the labels when the batch has them:
 
     - ``shift_labels`` ``[B, T]`` int64: the batch's (already shifted) labels, ``-100`` outside
       ``ce_mask``: HF's loss uses them as they are (``loss_utils.ForCausalLMLoss``);
@@ -426,6 +426,7 @@ def model_inputs(
         k for k in _MEDIA_KWARGS if isinstance(kwargs.get(k), torch.Tensor) and kwargs[k].shape[0] == 0
     )
     out = {key: value for key, value in kwargs.items() if key not in skip}
+    out = normalized_pixels(out, batch.source_metadata, model_dtype(model) if model is not None else None)
     out.update(forward_kwargs(batch, backend=backend, mask=mask, dtype=dtype))
     if batch.sequence.cp_size > 1 and "position_ids" not in out:
         raise BatchValidationError(

@@ -279,15 +279,26 @@ def shown_size(data: bytes, *, where: str = "image") -> tuple[int, int]:
         raise ImageError(f"{where}: cannot read the image's header ({type(exc).__name__}: {exc})") from exc
 
 
-def decode_rgb(data: bytes, *, where: str = "image") -> Image.Image:
+def decode_rgb(data: bytes, *, where: str = "image", draft: tuple[int, int] | None = None) -> Image.Image:
     """The image of encoded `data` as the VLM pipeline feeds processors, and as transformers' ``load_image``
     gives it: decoded (only `DECODED_FORMATS`), turned by its EXIF orientation (so its size is the one a
-    subset's manifest records) and converted to RGB. `ImageError` naming `where` when it does not decode."""
+    subset's manifest records) and converted to RGB. `ImageError` naming `where` when it does not decode.
+
+    ``draft=(width, height)``, the size the caller resizes to (as displayed): a JPEG whose target is at most
+    half its size on both sides is decoded at the smallest of 1/2, 1/4, 1/8 of its size that stays at least
+    the target (Pillow's ``draft``: the decoder's DCT scaling, a fraction of the work). Not bit-exact with a
+    full decode followed by the same resize (``benchmarks/bench_vlm_cpu.py`` measures the difference); any
+    other image decodes in full."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data), formats=_OPENERS) as image:
-                if _orientation(image) == 1:
+                orientation = _orientation(image)
+                if draft is not None and image.format in ("JPEG", "MPO"):
+                    width, height = draft[::-1] if orientation in _TURNED else draft  # as stored
+                    if 2 * width <= image.size[0] and 2 * height <= image.size[1]:
+                        image.draft("RGB", (width, height))
+                if orientation == 1:
                     return image.convert("RGB")
                 return ImageOps.exif_transpose(image).convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError, Warning) as exc:

@@ -23,6 +23,7 @@ import torch
 
 from puzzletron.dataset.batch import PuzzletronBatch
 from puzzletron.dataset.distributed.sampler import BatchKey, DistributedPackSampler
+from puzzletron.dataset.distributed.transport import shared_collate
 from puzzletron.dataset.errors import ConfigError, PuzzletronDataError
 
 __all__ = [
@@ -148,13 +149,14 @@ def batch_loader(
     pin_memory: bool = False,
 ) -> PuzzletronDataLoader:
     """A `PuzzletronDataLoader` over ``batches.dataset`` in ``batches.sampler``'s order; each step yields
-    ``collate_fn([batch])`` (default: the `PuzzletronBatch` itself). Batches pickle exactly, so worker
-    processes (``num_workers``) return them as they are. A batch that fails is a `BatchError` (module
-    docstring); the loader's ``dataset`` is ``batches.dataset`` behind the wrapper that names it."""
+    ``collate_fn([batch])`` (default: the `PuzzletronBatch` itself). Worker processes (``num_workers``)
+    hand it over with every tensor in one shared-memory segment (`transport.shared_collate`). A batch that
+    fails is a `BatchError` (module docstring); the loader's ``dataset`` is ``batches.dataset`` behind the
+    wrapper that names it."""
     return PuzzletronDataLoader(
         _Named(batches.dataset),
         batch_sampler=KeyBatchSampler(batches.sampler),
-        collate_fn=collate_fn,
+        collate_fn=shared_collate(collate_fn) if num_workers > 0 else collate_fn,
         num_workers=num_workers,
         pin_memory=pin_memory,
     )

@@ -1,6 +1,7 @@
 """Every on-disk format of the data stage, and `verify` / `describe` dispatching on the manifest.
 
-One sub-package per format (``subset/``, ``text_snapshot/``, ``token_store/``, ``vlm_store/``),
+One sub-package per format (``subset/``, ``text_snapshot/``, ``token_store/``, ``vlm_store/``, and
+``media_shards/``, the images of a version-3 subset: ``docs/media-shard-format.md``),
 ``manifest`` (what they all share: hashing, manifest reading, file checks), and what the two sharded stores
 share: ``binary`` (files hashed as written, strings, ragged ranges) and ``blocks`` (block checksums,
 verified on first read). Each snapshot is a directory whose ``manifest.json``

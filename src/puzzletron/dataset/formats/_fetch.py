@@ -1,5 +1,6 @@
 """A snapshot at an URL copied to a local folder, for the verifiers and describers that read folders (a
-conversation subset, a text snapshot): only the objects its manifest lists, never the rest of the prefix.
+conversation subset with its images or media shards, a text snapshot, a VLM store): only the objects its
+manifest lists (a VLM store: and its token store's, under ``tokens/``), never the rest of the prefix.
 
     problems = fetch_listed("s3://b/subsets/vlm", folder, manifest)   # manifest: the parsed manifest.json
 
@@ -20,6 +21,7 @@ from typing import Any
 from puzzletron.dataset.formats.manifest import MANIFEST
 from puzzletron.dataset.formats.subset import SUBSET_FORMAT
 from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT
+from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT
 from puzzletron.dataset.storage.objects import ObjectInfo, Objects
 
 __all__ = ["MAX_UNSIZED_BYTES", "fetch_listed", "listed_files"]
@@ -42,14 +44,29 @@ def listed_files(
     """The files the manifest of format `fmt` lists (path -> recorded bytes, or None), and the part of the
     prefix that may hold nothing else (``""``: all of it; None: no such part)."""
     records: list[Any] = []
-    if fmt == SUBSET_FORMAT:
+    if fmt == SUBSET_FORMAT and isinstance(manifest.get("media"), Mapping):  # images in media shards
+        media = manifest["media"].get("files")
+        records += [
+            manifest.get("samples"),
+            manifest.get("index"),
+            *(media if isinstance(media, list) else []),
+        ]
+        strict: str | None = "media/"
+    elif fmt == SUBSET_FORMAT:
         images = manifest.get("images")
         records += images if isinstance(images, list) else []
         if "format" in manifest:
             records += [manifest.get("samples"), manifest.get("index")]
         else:  # the original layout: samples.json, no sizes
             records.append({"path": "samples.json"})
-        strict: str | None = _IMAGES
+        strict = _IMAGES
+    elif fmt == VLM_STORE_FORMAT:  # its media files, and tokens/: a token store (its own manifest lists it)
+        files = manifest.get("files")
+        records += files if isinstance(files, list) else []
+        records += [
+            {"path": rel, "bytes": info.size} for rel, info in listing.items() if rel.startswith("tokens/")
+        ]
+        strict = "media/"
     elif fmt == TEXT_SNAPSHOT_FORMAT:
         files = manifest.get("files")
         if isinstance(files, list):

@@ -36,13 +36,16 @@ __all__ = [
     "acquisition_mismatch",
     "bytes_on_disk",
     "canonical_sha256",
+    "check_block_checksums",
     "check_file",
+    "check_file_records",
     "check_store_header",
     "check_store_records",
     "differing_keys",
     "human_size",
     "inside",
     "load_json",
+    "load_source_json",
     "parse_json",
     "read_bounded",
     "read_regular",
@@ -220,6 +223,21 @@ def load_json(
         raise SnapshotError(f"{path}: {exc}") from exc
 
 
+def load_source_json(
+    source: Any, rel: str, where: Any, what: str = "the manifest", *, max_depth: int | None = MAX_JSON_DEPTH
+) -> Any:
+    """The JSON value of file `rel` read through the `storage.sources.ByteSource` `source` (a folder or an
+    URL prefix), named `where` in errors; `SnapshotError` when it is missing or not JSON (`parse_json`)."""
+    try:
+        raw = source.read_bytes(rel)
+    except (SnapshotError, OSError) as exc:
+        raise SnapshotError(f"{where}: {what} is missing or unreadable ({exc})") from None
+    try:
+        return parse_json(raw, what, max_depth=max_depth)
+    except ValueError as exc:
+        raise SnapshotError(f"{where}: {exc}") from None
+
+
 def inside(root: Path, rel: Any, what: str, *, noun: str = "image path", within: str = "the subset") -> Path:
     """Resolve the relative POSIX path `rel` under `root`; reject absolute paths, ``..`` and symlinks that
     leave `root` (`SnapshotError` starting with `what`).
@@ -358,19 +376,17 @@ def check_store_header(manifest: Any, where: Path | str, *, fmt: str, version: i
         )
 
 
-def check_store_records(manifest: Mapping[str, Any], where: Path | str) -> None:
-    """The fields every sharded store's manifest (token store, VLM store) shares, checked:
-    ``block_checksums`` (this code's algorithm and block size), ``built_with`` (library versions as
-    strings) and ``files`` (a list of ``{path, bytes, sha256}`` records). `SnapshotError` naming `where` and
-    the first field that is wrong."""
-    checksums = manifest["block_checksums"]
-    if checksums != {"algorithm": _blocks.ALGORITHM, "block_size": _blocks.BLOCK_SIZE}:
-        raise SnapshotError(f"{where}: block_checksums is {checksums!r:.80}; this code reads "
+def check_block_checksums(value: Any, where: Path | str) -> None:
+    """A manifest's ``block_checksums`` names this code's algorithm and block size (`formats.blocks`);
+    `SnapshotError` naming `where` otherwise."""
+    if value != {"algorithm": _blocks.ALGORITHM, "block_size": _blocks.BLOCK_SIZE}:
+        raise SnapshotError(f"{where}: block_checksums is {value!r:.80}; this code reads "
                             f"{_blocks.ALGORITHM} blocks of {_blocks.BLOCK_SIZE} bytes")  # fmt: skip
-    built = manifest["built_with"]
-    if not isinstance(built, Mapping) or not all(isinstance(v, str) for v in built.values()):
-        raise SnapshotError(f"{where}: built_with is {built!r:.80}; expected library versions")
-    files = manifest["files"]
+
+
+def check_file_records(files: Any, where: Path | str) -> None:
+    """``files`` is a list of ``{path, bytes, sha256}`` records (a string path, a byte count, a hex
+    SHA-256); `SnapshotError` naming `where` otherwise."""
     if not isinstance(files, list) or not all(
         isinstance(r, Mapping)
         and set(r) == {"path", "bytes", "sha256"}
@@ -382,3 +398,15 @@ def check_store_records(manifest: Mapping[str, Any], where: Path | str) -> None:
         for r in files
     ):
         raise SnapshotError(f"{where}: 'files' is not a list of {{path, bytes, sha256}} records")
+
+
+def check_store_records(manifest: Mapping[str, Any], where: Path | str) -> None:
+    """The fields every sharded store's manifest (token store, VLM store) shares, checked:
+    ``block_checksums`` (this code's algorithm and block size), ``built_with`` (library versions as
+    strings) and ``files`` (a list of ``{path, bytes, sha256}`` records). `SnapshotError` naming `where` and
+    the first field that is wrong."""
+    check_block_checksums(manifest["block_checksums"], where)
+    built = manifest["built_with"]
+    if not isinstance(built, Mapping) or not all(isinstance(v, str) for v in built.values()):
+        raise SnapshotError(f"{where}: built_with is {built!r:.80}; expected library versions")
+    check_file_records(manifest["files"], where)

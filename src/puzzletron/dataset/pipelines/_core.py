@@ -15,7 +15,6 @@ component's lengths, so it never loads a processor.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,6 @@ from puzzletron.dataset.config import CACHE_DIR_ENV, PuzzletronDataSpec, Tokeniz
 from puzzletron.dataset.distributed import DistributedPackSampler
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import MANIFEST, detect
-from puzzletron.dataset.formats.manifest import sha256_file
 from puzzletron.dataset.formats.subset import SUBSET_FORMAT
 from puzzletron.dataset.formats.text_snapshot import load_text_split
 from puzzletron.dataset.formats.token_store import LENGTHS, TOKEN_STORE_FORMAT, TokenStore
@@ -38,7 +36,7 @@ from puzzletron.dataset.packing.media import check_vlm_packing
 from puzzletron.dataset.packing.plan_cache import store_plan
 from puzzletron.dataset.packing.sources import SampleSource, TokenizedSamples
 from puzzletron.dataset.pipelines._report import LOG, BuildProgress
-from puzzletron.dataset.pipelines._vlm_media import VlmMedia, check_processor
+from puzzletron.dataset.pipelines._vlm_media import VlmMedia, check_processor, check_subset, subset_location
 from puzzletron.dataset.storage.objects import is_url
 from puzzletron.dataset.tokenize import (
     TokenizedText,
@@ -108,6 +106,7 @@ class SourceOptions:
     num_proc: int = 1
     rows_per_shard: int = DEFAULT_ROWS_PER_SHARD
     pixel_dtype: Any = None  # None: float32
+    draft: bool = False  # decode at reduced size where the processor's target allows (not bit-exact)
     report: bool = False
 
 
@@ -218,20 +217,13 @@ def text_component(source: str | Path | Any, how: SourceOptions) -> Component:
     return Component(tokenized.samples, tokenized.pad_token_id, tokenized=tokenized)
 
 
-def _check_subset(store: VlmStore, subset: Path) -> None:
-    """`SnapshotError` unless `subset` is the subset the store was built from (its manifest's SHA-256)."""
-    recorded = store.manifest["identity"]["subset"]["manifest_sha256"]
-    if not (subset / MANIFEST).is_file() or sha256_file(subset / MANIFEST) != recorded:
-        raise SnapshotError(f"{subset} is not the subset the VLM store {store.path} was built from")
-
-
 def vlm_component(source: str | Path, how: SourceOptions) -> Component:
     """The VLM store of ``source`` (a VLM store, or a subset built or reused in ``how.cache_dir``), checked
     against ``how.processor`` (when given) and ``how.subset`` (the subset its images are read from; a
     subset source is its own). Without a processor or a subset the component plans but builds no batch."""
     processor, subset, cache_dir = how.processor, how.subset, how.cache_dir
-    root = Path(os.path.abspath(source))
-    images_from = Path(os.path.abspath(subset)) if subset is not None else None
+    root = subset_location(source)  # a folder or an URL (a store's or a subset's)
+    images_from = subset_location(subset) if subset is not None else None
     fmt = store_format(root)
     if fmt == VLM_STORE_FORMAT:
         store = VlmStore(root)  # no subset=: the one it was built from, if still there unchanged
@@ -264,11 +256,11 @@ def vlm_component(source: str | Path, how: SourceOptions) -> Component:
     if processor is not None:
         check_processor(store, vlm_processor(processor))
     if images_from is not None and images_from != root:
-        _check_subset(store, images_from)
+        check_subset(store, images_from)
     media = None
     if processor is not None and images_from is not None:
         proc = str(processor) if isinstance(processor, str | Path) else processor
-        media = VlmMedia(store, images_from, proc, how.pixel_dtype or torch.float32)
+        media = VlmMedia(store, images_from, proc, how.pixel_dtype or torch.float32, draft=how.draft)
     return Component(StoreSamples(store), store.pad_token_id, store=store, media=media)
 
 

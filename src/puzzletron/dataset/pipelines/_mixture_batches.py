@@ -143,8 +143,14 @@ class MixtureBatches(torch.utils.data.Dataset):
             at = np.flatnonzero(component == c)
             doc_block[at] = len(blocks)
             blocks.append(media.images_of(local[at]))
+        meta = next(m.metadata() for m in self.media if m is not None)  # one processor: one normalisation
         return attach_media(
-            batch, blocks, doc_block, image_token_id=self.image_token_id, merge_size=self.merge_size
+            batch,
+            blocks,
+            doc_block,
+            image_token_id=self.image_token_id,
+            merge_size=self.merge_size,
+            source_metadata=meta,
         )
 
 

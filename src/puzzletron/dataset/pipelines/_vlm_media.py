@@ -5,9 +5,11 @@ VLM store (ids, shifted labels, masks, packing metadata, in the layout of the sp
 adds, for the images of the batch's samples in token order:
 
 - the image files, read from the subset, each checked against the SHA-256 the store recorded, decoded as
-  ``Image.open(bytes).convert("RGB")`` (no EXIF rotation) and run through the image processor in one call:
-  ``pixel_values`` ``[patches, 3 * temporal_patch * patch**2]`` in ``pixel_dtype`` and ``image_grid_thw``
-  ``[images, 3]`` (which must be the grids the store holds);
+  transformers' ``load_image`` decodes them (`conversation.images.decode_rgb`: EXIF orientation, RGB) and run
+  through the image processor in one call: ``pixel_values`` ``[patches, 3 * temporal_patch * patch**2]`` in
+  ``pixel_dtype`` and ``image_grid_thw`` ``[images, 3]`` (which must be the grids the store holds); with
+  ``pixel_dtype=torch.uint8`` the resized values before rescale and normalise, and ``source_metadata``
+  gains ``pixel_normalization`` (`tokenize._pixels.normalize_pixels` applies it after ``.to(device)``);
 - ``position_ids`` ``[3, B, T]``: the model's multi-axis positions, every document from 0 (`mrope_ids`),
   0 on padding; ``mm_token_type_ids`` ``[B, T]`` (1 on image tokens);
 - ``sequence.media_counts`` / ``media_offsets``: images per row, so every split keeps an image with its
@@ -17,8 +19,11 @@ adds, for the images of the batch's samples in token order:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
-from collections.abc import Sequence
+import os
+import types
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,16 +33,42 @@ import torch
 
 from puzzletron.dataset.batch import Modality, PuzzletronBatch
 from puzzletron.dataset.batch.segments import media_offsets_from_counts
-from puzzletron.dataset.conversation.images import decode_rgb
+from puzzletron.dataset.conversation.images import decode_rgb, shown_size
 from puzzletron.dataset.distributed import BatchKey, PackedBatches
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats.binary import ragged_arange
 from puzzletron.dataset.formats.manifest import inside
+from puzzletron.dataset.formats.media_shards import MediaShards
+from puzzletron.dataset.formats.subset import is_sharded, manifest_sha256, subset_manifest
 from puzzletron.dataset.formats.vlm_store import VlmStore
 from puzzletron.dataset.packing import Units, mrope_ids
-from puzzletron.dataset.tokenize import VlmProcessor, vlm_processor
+from puzzletron.dataset.storage.local import LocalFiles
+from puzzletron.dataset.storage.objects import is_url
+from puzzletron.dataset.storage.sources import open_source
+from puzzletron.dataset.tokenize import VlmProcessor, pixel_normalization, vlm_processor
 
-__all__ = ["VlmMedia", "VlmPackedBatches", "check_processor"]
+__all__ = [
+    "MEDIA_CHUNK",
+    "VlmMedia",
+    "VlmPackedBatches",
+    "check_processor",
+    "check_subset",
+    "subset_location",
+]
+
+MEDIA_CHUNK = 256 << 10  # bytes an URL subset's images are fetched and cached in (an image is ~0.1-1 MiB)
+
+
+def subset_location(path: str | Path) -> Path | str:
+    """A subset's location as the pixel path keeps it: an absolute folder or an URL."""
+    return str(path).rstrip("/") if is_url(path) else Path(os.path.abspath(path))
+
+
+def check_subset(store: VlmStore, subset: Path | str) -> None:
+    """`SnapshotError` unless `subset` (a folder or an URL) is the subset the store was built from (its
+    manifest's SHA-256)."""
+    if manifest_sha256(subset) != store.manifest["identity"]["subset"]["manifest_sha256"]:
+        raise SnapshotError(f"{subset} is not the subset the VLM store {store.path} was built from")
 
 
 def check_processor(store: VlmStore, parts: VlmProcessor) -> None:
@@ -54,27 +85,81 @@ def check_processor(store: VlmStore, parts: VlmProcessor) -> None:
 @dataclass(frozen=True)
 class VlmMedia:
     """What adding media needs: the store, the subset holding the images, the processor (a directory
-    path is loaded once per process) and the dtype of ``pixel_values``."""
+    path is loaded once per process), the dtype of ``pixel_values`` (``torch.uint8``: the resized values,
+    normalised later by `clients.attention.model_inputs`) and ``draft`` (decode a JPEG at a reduced size
+    where the processor's target side is at most half the source: not bit-exact, opt-in)."""
 
     store: VlmStore
-    subset: Path
+    subset: Path | str  # a folder, or an URL prefix (its objects read through the node's cache)
     processor: Any
     pixel_dtype: torch.dtype = torch.float32
+    draft: bool = False
 
-    def _images(self, images: np.ndarray) -> list[Any]:
-        """The decoded images ``images`` (indices into the store's image table), SHA-256 checked."""
-        out = []
-        for index, (rel, digest) in zip(images.tolist(), self.store.image_refs(images), strict=True):
-            where = f"{self.subset}: image {rel!r} (image {index} of the VLM store)"
-            path = inside(self.subset, rel, where, noun="image path")
-            try:
-                data = path.read_bytes()
-            except OSError as exc:
-                raise SnapshotError(f"{where}: cannot read it: {exc}") from exc
-            if hashlib.sha256(data).hexdigest() != digest:
-                raise SnapshotError(f"{where}: SHA-256 differs from the one the store recorded (changed?)")
-            out.append(decode_rgb(data, where=where))
-        return out
+    @functools.cached_property
+    def shards(self) -> MediaShards | None:
+        """The subset's media shards (a version-3 subset), None when its images are files."""
+        manifest = subset_manifest(self.subset, records=False, source=self.files)
+        if not is_sharded(manifest):
+            return None
+        return MediaShards(self.files, manifest["media"], where=str(self.subset))
+
+    @functools.cached_property
+    def files(self) -> Any:
+        """The subset's `storage.sources.ByteSource`: an URL's reads images in `MEDIA_CHUNK` ranges through
+        the node's cache (a rank fetches its images, not the shards around them)."""
+        if isinstance(self.subset, str):
+            return open_source(self.subset, chunk_size=MEDIA_CHUNK)
+        return LocalFiles(self.subset)
+
+    def _ordinals(self, images: np.ndarray) -> np.ndarray:
+        """The subset image order of the store's images ``images``: image ``k`` of store sample ``s`` is
+        image ``k`` of the subset row its id names (``"<subset index>:<row id>"``)."""
+        offsets = self.store.image_offsets
+        owner = np.searchsorted(offsets, images, side="right") - 1
+        unique, back = np.unique(owner, return_inverse=True)
+        rows = np.asarray([int(name.split(":", 1)[0]) for name in self.store.sample_ids(unique)], np.int64)
+        first = np.asarray(self.shards.sample_images(), np.int64)[rows]  # type: ignore[union-attr]
+        return first[back] + (images - np.asarray(offsets[owner], np.int64))
+
+    def blobs(self, images: np.ndarray) -> list[bytes]:
+        """The encoded bytes of the images ``images`` (indices into the store's image table), each checked
+        against the SHA-256 the store recorded (from a file, or its range of a media shard)."""
+        refs = self.store.image_refs(images)
+        if self.shards is not None:
+            data = self.shards.read(self._ordinals(np.asarray(images, np.int64)))
+        else:
+            data = [
+                self._file(rel, int(index)) for index, (rel, _) in zip(images.tolist(), refs, strict=True)
+            ]
+        for index, (rel, digest), blob in zip(images.tolist(), refs, data, strict=True):
+            if hashlib.sha256(blob).hexdigest() != digest:
+                raise SnapshotError(f"{self.subset}: image {rel!r} (image {index} of the VLM store): SHA-256 "
+                                    "differs from the one the store recorded (changed?)")  # fmt: skip
+        return data
+
+    def _file(self, rel: str, index: int) -> bytes:
+        where = f"{self.subset}: image {rel!r} (image {index} of the VLM store)"
+        if isinstance(self.subset, str):  # an object of the subset: a relative name, no '..'
+            inside(Path("/"), rel, where, noun="image path")
+            return self.files.read_bytes(rel)
+        path = inside(self.subset, rel, where, noun="image path")
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise SnapshotError(f"{where}: cannot read it: {exc}") from exc
+
+    def _images(self, images: np.ndarray, grid: np.ndarray, patch: int) -> tuple[list[Any], list[Any]]:
+        """The decoded images ``images`` (RGB, SHA-256 checked; ``draft``: toward their target sizes) and
+        what has each one's size as displayed (the images themselves; with ``draft``, their headers')."""
+        sizes = (grid[:, [2, 1]] * patch).tolist() if self.draft else [None] * len(images)
+        blobs, where = self.blobs(images), f"the VLM store {self.store.path}"
+        decoded = [
+            decode_rgb(data, where=f"image {index} of {where}", draft=size)
+            for index, data, size in zip(images.tolist(), blobs, sizes, strict=True)
+        ]
+        if not self.draft:
+            return decoded, decoded
+        return decoded, [types.SimpleNamespace(size=shown_size(data, where=where)) for data in blobs]
 
     def _pixels(self, images: np.ndarray, grid: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         parts = vlm_processor(self.processor)
@@ -82,11 +167,11 @@ class VlmMedia:
             g = parts.grid
             width = 3 * g.temporal_patch_size * g.patch_size**2
             return torch.zeros(0, width, dtype=self.pixel_dtype), torch.zeros(0, 3, dtype=torch.long)
-        decoded = self._images(images)
-        if (bad := parts.grid.first_other(decoded, grid)) >= 0:
+        decoded, shown = self._images(images, grid, parts.grid.patch_size)
+        if (bad := parts.grid.first_other(shown, grid)) >= 0:
             raise SnapshotError(
-                f"image {int(images[bad])} of the VLM store {self.store.path} is {decoded[bad].size[0]}x"
-                f"{decoded[bad].size[1]}, whose grid is not the stored {grid[bad].tolist()} (the subset's "
+                f"image {int(images[bad])} of the VLM store {self.store.path} is {shown[bad].size[0]}x"
+                f"{shown[bad].size[1]}, whose grid is not the stored {grid[bad].tolist()} (the subset's "
                 "manifest records another size?)"
             )
         pixels, got, computed = parts.pixels(decoded, grid, dtype=self.pixel_dtype)
@@ -98,6 +183,13 @@ class VlmMedia:
                 f"grid {got[bad].tolist()}, the store holds {want[bad].tolist()} (another processor?)"
             )
         return pixels, want
+
+    def metadata(self) -> dict[str, Any]:
+        """What the batch's ``source_metadata`` gains: with uint8 pixels, ``pixel_normalization`` (the
+        processor's rescale factor, mean and std: `clients.attention.model_inputs` applies them)."""
+        if self.pixel_dtype != torch.uint8:
+            return {}
+        return {"pixel_normalization": pixel_normalization(vlm_processor(self.processor).image_processor)}
 
     def images_of(self, samples: np.ndarray) -> ImageBlock:
         """The images of documents of ``samples`` (store sample indices, in document order)."""
@@ -122,6 +214,7 @@ class VlmMedia:
             np.zeros(samples.shape[0], dtype=np.int64),
             image_token_id=self.store.image_token_id,
             merge_size=self.store.merge_size,
+            source_metadata=self.metadata(),
         )
 
 
@@ -142,10 +235,12 @@ def attach_media(
     *,
     image_token_id: int,
     merge_size: int,
+    source_metadata: Mapping[str, Any] | None = None,
 ) -> PuzzletronBatch:
     """`batch` with the media of its documents (module docstring): document ``k`` (in ``seq_ids`` order; one
     a row unpacked) takes its images from ``blocks[doc_block[k]]`` (the block's documents in batch order),
-    ``doc_block[k] = -1`` for a text document (none of its tokens is an image token)."""
+    ``doc_block[k] = -1`` for a text document (none of its tokens is an image token). ``source_metadata``
+    is added to the batch's (`VlmMedia.metadata`: uint8 pixels' normalisation)."""
     doc_block = np.asarray(doc_block, dtype=np.int64)
     n_docs = doc_block.shape[0]
     # each document's images, and where they sit among the blocks' images laid end to end
@@ -191,7 +286,10 @@ def attach_media(
     sequence = dataclasses.replace(
         batch.sequence, media_counts=counts, media_offsets=media_offsets_from_counts(counts)
     )
-    return dataclasses.replace(batch, model_kwargs=kwargs, sequence=sequence, modality=Modality.MULTIMODAL)
+    meta = {**batch.source_metadata, **(source_metadata or {})}
+    return dataclasses.replace(
+        batch, model_kwargs=kwargs, sequence=sequence, modality=Modality.MULTIMODAL, source_metadata=meta
+    )
 
 
 @dataclass(frozen=True)

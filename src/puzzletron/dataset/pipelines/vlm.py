@@ -76,6 +76,7 @@ def build_vlm_batches(
     balance: bool = True,
     rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
     plan_cache: str | Path | None = None,
+    draft: bool = False,
 ) -> VlmBatches:
     """Subset (or VLM store) + processor + `PuzzletronDataSpec` -> this DP rank's multimodal batches.
 
@@ -90,7 +91,10 @@ def build_vlm_batches(
     layouts as in `build_batches` (``pad_to_multiple_of`` for ``padded_varlen``). ``batch_size`` rows per
     batch per rank; ``seed`` orders the packs and the epochs' deals; ``balance`` evens image and real tokens
     across the ranks of a step (``shuffle=False`` keeps the plan's order). ``pixel_dtype``: the dtype of
-    ``pixel_values`` (the processor gives float32; ``torch.bfloat16`` halves the bytes). A packed plan is
+    ``pixel_values`` (the processor gives float32; ``torch.bfloat16`` halves the bytes; ``torch.uint8``, a
+    quarter, the resized values: `clients.attention.model_inputs` rescales and normalises them on the
+    device, exactly). ``draft``: decode a JPEG at a reduced size where the processor's target side is at
+    most half the source (`conversation.images.decode_rgb`; not bit-exact, opt-in). A packed plan is
     planned once and memory-mapped by every rank and restart (`puzzletron.dataset.packing.plan_cache`): in
     ``plan_cache``, by default ``cache_dir/.plans``, else ``.<store name>.plans`` beside the store (planned
     in memory when that folder cannot be written).
@@ -100,12 +104,14 @@ def build_vlm_batches(
         raise ConfigError(
             f"build_vlm_batches builds multimodal batches; data.modality is {Modality(spec.modality).value}"
         )
-    if not isinstance(pixel_dtype, torch.dtype) or not pixel_dtype.is_floating_point:
-        raise ConfigError(f"pixel_dtype must be a floating torch.dtype; got {pixel_dtype!r}")
+    if not isinstance(pixel_dtype, torch.dtype) or not (
+        pixel_dtype.is_floating_point or pixel_dtype == torch.uint8
+    ):
+        raise ConfigError(f"pixel_dtype must be a floating torch.dtype or torch.uint8; got {pixel_dtype!r}")
     require_positive(pad_to_multiple_of, "pad_to_multiple_of", error=ConfigError)
     how = SourceOptions(processor=processor, subset=subset, rows_per_shard=rows_per_shard)
     component = vlm_component(
-        source, replace(how, cache_dir=cache_dir, num_proc=num_proc, pixel_dtype=pixel_dtype)
+        source, replace(how, cache_dir=cache_dir, num_proc=num_proc, pixel_dtype=pixel_dtype, draft=draft)
     )
     plan = component_plan(component, spec, seed=seed, cache=plan_cache, cache_dir=cache_dir)
     dataset = VlmPackedBatches(

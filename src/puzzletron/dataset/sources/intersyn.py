@@ -91,6 +91,7 @@ def materialize_intersyn_subset(
     single_turn_revision: str = INTERSYN_SINGLE_REVISION,
     multi_turn_source: str = INTERSYN_MULTI_SOURCE,
     multi_turn_revision: str = INTERSYN_MULTI_REVISION,
+    media: str = "files",
 ) -> dict[str, Any]:
     """Download once, validate, and cache the pinned 8+8 InterSyn acceptance set.
 
@@ -99,7 +100,7 @@ def materialize_intersyn_subset(
     `RejectedRow`s a loader yields) go to the manifest's ``diagnostics``. A subset built with another
     `rows_per_source` (or other sources or revisions) is never returned: that is a `SnapshotError` (a
     ``ValueError``), raised before any request. `dataset_loader(source, *, split, revision)` may replace
-    the Hub reader.
+    the Hub reader. ``media="shards"`` writes the images into media shards (``docs/media-shard-format.md``).
     """
     rows_per_source = require_int(
         rows_per_source, "materialize_intersyn_subset.rows_per_source", minimum=1, error=ConfigError
@@ -126,4 +127,5 @@ def materialize_intersyn_subset(
         acquisition=acquisition,
         diagnostics=diagnostics,
         expected_count=2 * rows_per_source,
+        media=media,
     )

@@ -270,6 +270,7 @@ def materialize_nemotron_vlm_dataset(
     *,
     sample_loader: Callable[..., Iterable[Mapping[str, Any] | RejectedRow]] | None = None,
     revision_resolver: Callable[[str, str | None], str] = _hub.resolve_revision,
+    media: str = "files",
 ) -> dict[str, Any]:
     """Materialize a bounded, row-proportional Nemotron image-conversation subset.
 
@@ -278,7 +279,8 @@ def materialize_nemotron_vlm_dataset(
     normalisation, and `RejectedRow`s, are recorded and skipped. `sample_loader(subset, *, source,
     revision, seed, quota, max_shards)` yields raw rows with their ``image`` joined (or a `RejectedRow` in
     place of a row); the default is `hub_vlm_rows`. Returns the subset manifest, whose ``diagnostics``
-    hold ``rejected_rows, requested_quotas, materialized_rows, redistributed_rows``.
+    hold ``rejected_rows, requested_quotas, materialized_rows, redistributed_rows``. ``media="shards"``
+    writes the images into media shards as they stream (``docs/media-shard-format.md``).
     """
     out = Path(spec.output_dir)
     recorded = _subset_acquisition(out)
@@ -299,5 +301,6 @@ def materialize_nemotron_vlm_dataset(
         check_subsets(spec.source, revision, spec.subsets)
     samples = _RoundRobin(spec, revision, sample_loader or hub_vlm_rows, diagnostics, quotas)
     return materialize_normalized_conversation_samples(
-        iter(samples), out, acquisition=identity, diagnostics=diagnostics, expected_count=spec.num_samples
-    )
+        iter(samples), out, acquisition=identity, diagnostics=diagnostics, expected_count=spec.num_samples,
+        media=media,
+    )  # fmt: skip

@@ -124,13 +124,28 @@ class RemoteFiles:
             )
             done += b - a
 
+    def prefetch(self, spans: Any) -> None:
+        """Fetch at once (concurrently, per object) the chunks of the byte ranges ``spans`` (``(rel, start,
+        stop)``: a batch's images) that neither this process nor the cache holds yet; later reads of them
+        are local. Without a cache: nothing to do."""
+        if self.cache is None:
+            return
+        chunks: dict[str, set[int]] = {}
+        for rel, start, stop in spans:
+            if stop > start and rel not in self._whole:
+                chunks.setdefault(rel, set()).update(
+                    range(start // self.chunk_size, (stop - 1) // self.chunk_size + 1)
+                )
+        for rel, wanted in chunks.items():
+            self._fetch_missing(rel, self._info(rel), sorted(wanted))
+
     def _chunk_name(self, rel: str, info: ObjectInfo, k: int) -> str:
         return f"{self._key(rel, info)}-{self.chunk_size >> 10}k-{k}"
 
     def _chunk_len(self, info: ObjectInfo, k: int) -> int:
         return min(info.size, (k + 1) * self.chunk_size) - k * self.chunk_size
 
-    def _fetch_missing(self, rel: str, info: ObjectInfo, chunks: range) -> None:
+    def _fetch_missing(self, rel: str, info: ObjectInfo, chunks: Any) -> None:
         """Hold a descriptor of every chunk of `chunks`: this process's, the node's cache's, else fetched
         (concurrently) and written there. A descriptor is taken before anything can evict its entry, so
         what a read needs is never fetched twice, whatever the bound or the other processes do."""

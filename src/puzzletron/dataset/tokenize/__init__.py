@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.packing.sources import labels_from_mask, shift_labels
+from puzzletron.dataset.tokenize._pixels import normalize_pixels, normalized_pixels, pixel_normalization
 from puzzletron.dataset.tokenize._workers import map_tasks
 from puzzletron.dataset.tokenize.cache import cache_path, find_store
 from puzzletron.dataset.tokenize.conversations import (
@@ -53,7 +54,10 @@ __all__ = [
     "load_hf_processor",
     "load_tokenizer",
     "map_tasks",
+    "normalize_pixels",
+    "normalized_pixels",
     "pad_token_id",
+    "pixel_normalization",
     "select_rows",
     "shift_labels",
     "short_hash",

@@ -6,11 +6,18 @@ image with PIL (bicubic, to the grid's size), then ``rescale`` (``uint8 -> float
 ``[patches, C * T * P * P]``, the frame repeated ``T`` times). After the resize every output value is a
 function of one ``uint8`` and its channel, so the arithmetic is done once per (channel, value) into a
 256-entry table per channel (the same float32 operations in the same order: identical results); each
-image's table indices are transposed into patch order as uint16 (half the bytes a float32 transpose
-moves) and the table is gathered straight into the output, in float32 or directly in ``bfloat16``
-(each entry rounded as ``Tensor.to(bfloat16)`` rounds it): about half the processor's time in bfloat16.
+image's values are transposed into patch order as uint8 (a quarter of the bytes a float32 transpose
+moves), turned into table indices in one pass, and the table is gathered straight into the output, in
+float32 or directly in ``bfloat16`` (each entry rounded as ``Tensor.to(bfloat16)`` rounds it): about half
+the processor's time in bfloat16.
 Only a plain processor qualifies (`fast_pixels` returns None otherwise and the processor itself runs);
 tests compare every batch's pixels with the processor's own.
+
+The uint8 transport (``dtype=torch.uint8``): the resized values themselves, patchified, a quarter of
+float32's bytes; `pixel_normalization` is what turns them into the processor's output later and
+`normalize_pixels` does it wherever the tensor is (on the accelerator after ``.to(device)``: the table of
+``[3, 256]`` float32 values built there by the same float64 rescale and float32 normalise, then one
+gather), so its result is the processor's float32 output bit for bit.
 """
 
 from __future__ import annotations
@@ -20,10 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["fast_pixels"]
+__all__ = ["fast_pixels", "normalize_pixels", "normalized_pixels", "pixel_normalization"]
 
 _BICUBIC = 3  # PIL.Image.Resampling.BICUBIC
 _TABLES: dict[tuple[Any, ...], np.ndarray] = {}
+_CHANNEL_BASE = np.array([0, 256, 512], dtype=np.uint16)[None, :, None, None]
 
 
 def _plain(ip: Any) -> bool:
@@ -54,31 +62,72 @@ def _table(ip: Any, dtype: torch.dtype) -> np.ndarray:
     return _TABLES[key]
 
 
+def pixel_normalization(ip: Any) -> dict[str, Any]:
+    """What turns the uint8 patches of `ip` (an image processor that rescales and normalises) into its
+    output: ``rescale_factor``, ``image_mean`` and ``image_std`` (3 each), as JSON-able floats."""
+    return {
+        "rescale_factor": float(ip.rescale_factor),
+        "image_mean": [float(v) for v in ip.image_mean],
+        "image_std": [float(v) for v in ip.image_std],
+    }
+
+
+def normalize_pixels(
+    pixels: torch.Tensor, norm: dict[str, Any], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """uint8 patches ``[patches, 3 * T * P * P]`` (channel-major columns) -> the image processor's
+    ``pixel_values`` in `dtype` (float32 then cast, as ``Tensor.to`` rounds), on `pixels`' device: rescale in
+    float64 then float32, ``(x - mean[c]) / std[c]`` in float32 (the processor's operations: a ``[3, 256]``
+    table, then one gather)."""
+    device = pixels.device
+    values = (torch.arange(256, dtype=torch.float64, device=device) * norm["rescale_factor"]).float()
+    mean = torch.tensor(norm["image_mean"], dtype=torch.float32, device=device)[:, None]
+    std = torch.tensor(norm["image_std"], dtype=torch.float32, device=device)[:, None]
+    table = ((values[None, :] - mean) / std).reshape(-1)  # entry c * 256 + v
+    width = pixels.shape[1]
+    base = torch.arange(3, dtype=torch.int32, device=device).mul_(256).repeat_interleave(width // 3)
+    return table[pixels.int() + base].to(dtype)
+
+
+def normalized_pixels(
+    kwargs: dict[str, Any], metadata: Any, dtype: torch.dtype | None = None
+) -> dict[str, Any]:
+    """A model's `kwargs` with uint8 ``pixel_values`` normalised where they are (after ``batch.to(device)``:
+    on the accelerator) when the batch's `metadata` (``source_metadata``) holds ``pixel_normalization``
+    (``build_vlm_batches(..., pixel_dtype=torch.uint8)``): exactly the image processor's float32 output,
+    then `dtype` (the model's; float32 when None). What `clients.attention.model_inputs` calls."""
+    norm, pixels = metadata.get("pixel_normalization"), kwargs.get("pixel_values")
+    if norm is None or not isinstance(pixels, torch.Tensor) or pixels.dtype != torch.uint8:
+        return kwargs
+    return {**kwargs, "pixel_values": normalize_pixels(pixels, norm, dtype or torch.float32)}
+
+
 def fast_pixels(
     image_processor: Any, images: list[Any], grid: np.ndarray, *, patch_size: int, merge_size: int,
     temporal_patch_size: int, dtype: torch.dtype,
 ) -> torch.Tensor | None:  # fmt: skip
     """``pixel_values`` ``[sum(h * w), 3 * T * P * P]`` in `dtype` of RGB PIL `images` whose grids ``[m, 3]``
     are `grid` (from their sizes: `GridConfig.grids`), equal to the image processor's; None when the
-    processor is not a plain ``Qwen2VLImageProcessorPil`` or `dtype` is neither float32 nor bfloat16."""
-    if not _plain(image_processor) or dtype not in (torch.float32, torch.bfloat16):
+    processor is not a plain ``Qwen2VLImageProcessorPil`` or `dtype` is not float32, bfloat16 or uint8
+    (the resized values, unnormalised: `normalize_pixels`)."""
+    if not _plain(image_processor) or dtype not in (torch.float32, torch.bfloat16, torch.uint8):
         return None
-    table = _table(image_processor, dtype).reshape(-1)  # [3 * 256]: entry c * 256 + v
+    # [3 * 256]: entry c * 256 + v (none for uint8: the values themselves)
+    table = None if dtype == torch.uint8 else _table(image_processor, dtype).reshape(-1)
     p, m, t = patch_size, merge_size, temporal_patch_size
     grid = np.asarray(grid, dtype=np.int64).reshape(-1, 3)
     if any(getattr(image, "mode", None) != "RGB" for image in images):
         return None
     counts = grid[:, 1] * grid[:, 2]
-    flat = np.empty((int(counts.sum()), 3 * t * p * p), dtype=table.dtype)  # written once, image by image
+    flat = np.empty((int(counts.sum()), 3 * t * p * p), dtype=np.uint8 if table is None else table.dtype)
     start = 0
     for image, (_, gh, gw), n in zip(images, grid.tolist(), counts.tolist(), strict=True):
         resized = np.asarray(image.resize((gw * p, gh * p), resample=_BICUBIC, reducing_gap=None))
-        index = resized.astype(np.uint16)  # [H, W, C] -> the table entry of each value
-        index[..., 1] += 256
-        index[..., 2] += 512
-        # (gh/m, gw/m, m, m, C, p, p): patchify's order, moved as uint16
-        blocks = index.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
-        values = table[np.ascontiguousarray(blocks).reshape(n, 3, 1, p * p)]
+        # (gh/m, gw/m, m, m, C, p, p): patchify's order, moved as uint8
+        blocks = resized.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
+        values = np.ascontiguousarray(blocks).reshape(n, 3, 1, p * p)
+        if table is not None:  # the table entry of each value: c * 256 + v, in one pass
+            values = table[np.add(values, _CHANNEL_BASE, dtype=np.uint16)]
         # the frame repeated over the temporal patch (patchify's broadcast)
         flat[start : start + n].reshape(n, 3, t, p * p)[...] = values
         start += n

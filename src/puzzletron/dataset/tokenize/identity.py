@@ -24,10 +24,12 @@ from typing import Any
 from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.manifest import MANIFEST, canonical_sha256, sha256_file
-from puzzletron.dataset.formats.subset import LEGACY_SAMPLES, SUBSET_FORMAT, subset_manifest
+from puzzletron.dataset.formats.subset import LEGACY_SAMPLES, SUBSET_FORMAT, manifest_sha256, subset_manifest
 from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT, TextSplit
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
 from puzzletron.dataset.formats.vlm_store import VLM_STORE_FORMAT, VLM_STORE_VERSION
+from puzzletron.dataset.storage.objects import is_url
+from puzzletron.dataset.storage.sources import open_source
 from puzzletron.dataset.tokenize._chat_template import PINNED_DATE, uses_clock
 from puzzletron.dataset.tokenize._content import directory_files
 from puzzletron.dataset.tokenize.processor import VlmProcessor
@@ -140,9 +142,18 @@ def processor_identity(processor: str | Path | Any) -> dict[str, Any]:
     }
 
 
-def subset_identity(root: Path) -> dict[str, Any]:
+def subset_identity(root: Path | str) -> dict[str, Any]:
     """The subset part of a VLM store's identity: the SHA-256 of its ``manifest.json`` (which records every
-    file's SHA-256; an original-layout subset's ``samples.json`` is hashed too) and its counts."""
+    file's SHA-256; an original-layout subset's ``samples.json`` is hashed too) and its counts. An URL's
+    manifest is read through the object layer."""
+    if is_url(root):
+        source = open_source(str(root))
+        manifest = subset_manifest(str(root), records=False, source=source)
+        if "format" not in manifest:
+            raise ConfigError(f"{root}: a subset of the original layout is read from a folder, not an URL")
+        return {"format": SUBSET_FORMAT, "manifest_sha256": manifest_sha256(str(root)),
+                "sample_count": manifest["sample_count"], "image_count": manifest["image_count"]}  # fmt: skip
+    root = Path(root)
     manifest = subset_manifest(root, records=False)
     out = {
         "format": SUBSET_FORMAT,
@@ -155,12 +166,12 @@ def subset_identity(root: Path) -> dict[str, Any]:
     return out
 
 
-def vlm_store_identity(subset: Path, *, processor: str | Path | Any, rows_per_shard: int) -> dict[str, Any]:
+def vlm_store_identity(subset: Path | str, *, processor: Any, rows_per_shard: int) -> dict[str, Any]:
     """The identity of the VLM store of the subset at `subset` under `processor`."""
     return {
         "format": VLM_STORE_FORMAT,
         "version": VLM_STORE_VERSION,
-        "subset": subset_identity(Path(subset)),
+        "subset": subset_identity(subset),
         "processor": processor_identity(processor),
         "options": {"rows_per_shard": int(rows_per_shard)},
     }

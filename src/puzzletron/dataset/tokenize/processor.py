@@ -167,9 +167,10 @@ class VlmProcessor:
     def pixels(self, images: list[Any], grid: np.ndarray, *, dtype: Any = None) -> tuple[Any, Any, bool]:
         """``(pixel_values [patches, C*T*P*P] in dtype, image_grid_thw int64 [m, 3], computed)`` of RGB PIL
         ``images`` whose grids (from their sizes) are ``grid``: what the image processor gives, cast to
-        ``dtype`` (default float32). A plain ``Qwen2VLImageProcessorPil`` is computed here bit for bit
-        (`puzzletron.dataset.tokenize._pixels`, ``computed`` True: the grid is ``grid``); any other runs
-        itself, one call for all images (``computed`` False: its own grid, for the caller to check)."""
+        ``dtype`` (default float32; ``torch.uint8``: the resized values before rescale and normalise). A
+        plain ``Qwen2VLImageProcessorPil`` is computed here bit for bit (`tokenize._pixels`,
+        ``computed`` True: the grid is ``grid``); any other runs itself, one call for all images
+        (``computed`` False: its own grid, for the caller to check)."""
         import torch
 
         from puzzletron.dataset.tokenize._pixels import fast_pixels
@@ -182,8 +183,14 @@ class VlmProcessor:
         )  # fmt: skip
         if fast is not None:
             return fast, torch.as_tensor(np.asarray(grid, dtype=np.int64).reshape(-1, 3)), True
-        out = self.image_processor(images=images, return_tensors="pt")
-        return out["pixel_values"].to(dtype), out["image_grid_thw"], False
+        raw = {"do_rescale": False, "do_normalize": False} if dtype == torch.uint8 else {}
+        out = self.image_processor(images=images, return_tensors="pt", **raw)
+        pixels = out["pixel_values"]
+        if raw and not torch.equal(pixels, pixels.round().clamp(0, 255)):
+            raise ConfigError(
+                f"{self.name}: its resized pixels are not uint8 values; use a float pixel_dtype"
+            )
+        return pixels.to(dtype), out["image_grid_thw"], False
 
 
 def _flat(facts: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,8 +26,10 @@ Building, reuse, the lock, resuming after a kill, worker processes and `torch.di
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import secrets
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +38,7 @@ import numpy as np
 from puzzletron.dataset._checks import require_positive
 from puzzletron.dataset.errors import ConfigError, ConversationError, SnapshotError
 from puzzletron.dataset.formats.binary import ragged_arange
-from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
-from puzzletron.dataset.formats.subset import SubsetReader, image_items, read_manifest
+from puzzletron.dataset.formats.subset import SubsetReader, image_items, manifest_sha256, read_manifest
 from puzzletron.dataset.formats.vlm_store import (
     SUBSET_PATH,
     VlmShardWriter,
@@ -49,6 +50,7 @@ from puzzletron.dataset.formats.vlm_store import (
 from puzzletron.dataset.storage.objects import is_url
 from puzzletron.dataset.tokenize._builder import ShardedBuild, StoreFacts, run_build
 from puzzletron.dataset.tokenize._chat_template import tokenize_batch
+from puzzletron.dataset.tokenize._remote_vlm import RemoteVlmStore, scratch_dir
 from puzzletron.dataset.tokenize._workers import advance
 from puzzletron.dataset.tokenize.cache import cache_path
 from puzzletron.dataset.tokenize.conversations import pad_token_id, select_rows
@@ -75,8 +77,8 @@ class _ImageTable:
     paths: tuple[str, ...]
 
 
-def _image_table(root: Path) -> _ImageTable:
-    key = (str(root), sha256_file(root / MANIFEST))
+def _image_table(root: Path | str) -> _ImageTable:
+    key = (str(root), str(manifest_sha256(root)))  # a folder or an URL
     if key not in _IMAGES:
         manifest = read_manifest(root)  # every image file there with its recorded size
         records = sorted(manifest["images"], key=lambda r: (r["sample_index"], r["image_index"]))
@@ -113,14 +115,15 @@ def _has_placeholder(sample: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class _VlmBuild(ShardedBuild):
-    subset: Path
-    dest: Path
+    subset: Path | str  # a folder or an URL
+    dest: Path | str  # a folder or an URL (object storage: `_remote_vlm`)
     identity: dict[str, Any]
     digest: str
     processor: Any  # a directory path (workers load it once) or a processor object
     rows_per_shard: int
     batch_size: int
     what: str = "VLM store"
+    token: str = field(default_factory=lambda: secrets.token_hex(6))  # this build's scratch and claim (URL)
 
     def complete(self) -> dict[str, Any]:
         return read_complete_manifest(self.dest)
@@ -163,6 +166,48 @@ class _VlmBuild(ShardedBuild):
     ) -> None:
         vlm = {k: v for k, v in fields.items() if k != "tokens"}
         assemble_vlm_store(tmp, shard_dirs, records, fields=vlm, token_fields=fields["tokens"])
+
+    # object storage (`_remote_vlm`): shards uploaded as they finish, the manifest written once
+    @property
+    def _remote(self) -> RemoteVlmStore:
+        return RemoteVlmStore(str(self.dest), self.digest)
+
+    @property
+    def build_dir(self) -> Path:
+        return scratch_dir(self.digest, self.token) if self.remote else super().build_dir
+
+    def claim(self) -> None:
+        if self.remote:
+            self._remote.claim(self.token)
+
+    def release(self) -> None:
+        if self.remote:
+            self._remote.release(self.token)
+
+    def keep_shard(self, shard: int, tmp: Path, record: Mapping[str, Any]) -> None:
+        if not self.remote:
+            return super().keep_shard(shard, tmp, record)
+        self._remote.upload(shard, tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def finished_shards(self, facts: Any, shards: Sequence[int]) -> set[int]:
+        rows = self.shard_rows(facts)
+        if not self.remote:
+            return super().finished_shards(facts, shards)
+        return set(self._remote.records({k: rows[k] for k in shards}))
+
+    def existing_identity(self) -> dict[str, Any] | None:
+        found = self._remote.published() if self.remote else None
+        return (found or {}).get("identity") if self.remote else super().existing_identity()
+
+    def publish(self, facts: StoreFacts) -> None:
+        if not self.remote:
+            return super().publish(facts)
+        fields = self.manifest_fields(facts)
+        vlm = {k: v for k, v in fields.items() if k != "tokens"}
+        self._remote.publish(
+            self.shard_rows(facts), fields=vlm, token_fields=fields["tokens"], scratch=self.build_dir
+        )
 
 
 def _add_rows(
@@ -260,26 +305,19 @@ def build_vlm_store(
     """
     if (output is None) == (cache_dir is None):
         raise ConfigError("give exactly one of output (the store directory) and cache_dir")
-    if is_url(output if output is not None else cache_dir):
-        raise ConfigError(f"{output or cache_dir}: a VLM store is built in a local folder, not at an URL")
     num_proc = require_positive(num_proc, "num_proc", error=ConfigError)
     batch_size = require_positive(batch_size, "batch_size", error=ConfigError)
     rows_per_shard = require_positive(rows_per_shard, "rows_per_shard", error=ConfigError)
-    root = Path(os.path.abspath(subset))
+    root: Path | str = str(subset).rstrip("/") if is_url(subset) else Path(os.path.abspath(subset))
     identity = vlm_store_identity(root, processor=processor, rows_per_shard=rows_per_shard)
     digest = identity_sha256(identity)
+    dest: Path | str
     if output is not None:
-        dest = Path(os.path.abspath(output))
+        dest = str(output).rstrip("/") if is_url(output) else Path(os.path.abspath(output))
     else:  # a VLM store of this identity anywhere under the cache directory, else at its hash
-        dest = Path(cache_path(cache_dir, identity, complete=read_complete_manifest))
-    build = _VlmBuild(
-        subset=root,
-        dest=dest,
-        identity=identity,
-        digest=digest,
-        processor=str(processor) if isinstance(processor, str | Path) else processor,
-        rows_per_shard=rows_per_shard,
-        batch_size=batch_size,
-    )
+        found = cache_path(cache_dir, identity, complete=read_complete_manifest)
+        dest = found if isinstance(found, str) else Path(found)
+    proc = str(processor) if isinstance(processor, str | Path) else processor  # workers load a path once
+    build = _VlmBuild(root, dest, identity, digest, proc, rows_per_shard, batch_size)
     run_build(build, num_proc=num_proc, progress=progress)
-    return dest
+    return dest  # type: ignore[return-value]

@@ -43,7 +43,7 @@ from torch.utils.data import Dataset
 from puzzletron.dataset._checks import refuse_unknown, require_bool, require_int
 from puzzletron.dataset.config import default_cache_dir
 from puzzletron.dataset.errors import ConfigError, ConversationError, SnapshotError
-from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
+from puzzletron.dataset.formats.subset import manifest_sha256
 from puzzletron.dataset.formats.subset.reader import SubsetReader, subset_manifest
 from puzzletron.dataset.formats.vlm_store import VlmStore
 from puzzletron.dataset.tokenize import build_vlm_store
@@ -119,7 +119,7 @@ def length_hints(reader: SubsetReader, store: VlmStore | None = None) -> LengthH
     sizes = np.array([[r["height"], r["width"]] for r in records], dtype=np.int64).reshape(-1, 2)
     if store is None:
         return LengthHints(start, sizes)
-    if store.manifest["identity"]["subset"]["manifest_sha256"] != sha256_file(reader.root / MANIFEST):
+    if store.manifest["identity"]["subset"]["manifest_sha256"] != manifest_sha256(reader.root):
         raise SnapshotError(f"{store.path} is not the VLM store of the subset {reader.root}")
     rows = np.fromiter((int(i.split(":")[0]) for i in store.sample_ids(np.arange(len(store)))), np.int64)
     text = np.full(n, -1, dtype=np.int64)
@@ -177,7 +177,8 @@ def load_materialized_conversation_dataset(
     that it consumes after construction. Accept those declared controls explicitly so config composition stays
     transparent, but reject misspelled or otherwise unknown fields (`TypeError` naming them).
 
-    `path_or_dataset` is a subset directory or an in-memory sequence of normalised samples. Items of a
+    `path_or_dataset` is a subset directory (or an URL: ``s3://bucket/subsets/vlm``, read through the
+    node's object cache, as ``vlm_store`` may be) or an in-memory sequence of normalised samples. Items of a
     subset directory carry AutoModel's length hints (module docstring): ``mm_inputs_meta`` always,
     ``_text_tokens`` from ``vlm_store`` (the subset's VLM store) or from the store ``processor_path`` builds
     or reuses in ``cache_dir`` (by default `default_cache_dir`: ``PUZZLETRON_CACHE_DIR``).

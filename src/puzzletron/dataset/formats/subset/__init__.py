@@ -14,7 +14,9 @@ from puzzletron.dataset.formats.subset._layout import (
     SUBSET_FORMAT_VERSION,
     image_items,
     is_original_layout,
+    is_sharded,
 )
+from puzzletron.dataset.formats.subset._manifest import manifest_sha256
 from puzzletron.dataset.formats.subset.reader import (
     SubsetReader,
     load_materialized_conversation_subset,
@@ -43,8 +45,10 @@ __all__ = [
     "describe_subset",
     "image_items",
     "is_original_layout",
+    "is_sharded",
     "load_materialized_conversation_subset",
     "load_materialized_intersyn_subset",
+    "manifest_sha256",
     "materialize_normalized_conversation_samples",
     "materialize_normalized_intersyn_samples",
     "read_manifest",

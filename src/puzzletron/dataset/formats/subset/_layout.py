@@ -6,6 +6,10 @@ Layout (``docs/subset-format.md``)::
     <dir>/samples.jsonl      one normalised sample per line (sorted keys), image items hold relative paths
     <dir>/samples.idx        binary: header, N+1 little-endian u64 line offsets, N u32 source-group ids
     <dir>/images/<sample:06d>_<image:02d>.<ext>   the image bytes as they came (or PNG when they had none)
+
+or, version 3 (``media="shards"``), the same images in media shards (``docs/media-shard-format.md``) under
+``<dir>/media/``, each image item and record keeping that name (``images/000000_00.jpg``) as its name in
+the subset, not a file.
 """
 
 from __future__ import annotations
@@ -28,16 +32,19 @@ __all__ = [
     "SAMPLES",
     "SUBSET_FORMAT",
     "SUBSET_FORMAT_VERSION",
+    "SUBSET_SHARDED_VERSION",
     "canonical",
     "dumps_line",
     "image_items",
     "is_original_layout",
+    "is_sharded",
     "label",
     "little_endian",
 ]
 
 SUBSET_FORMAT = "puzzletron-conversation-subset"
-SUBSET_FORMAT_VERSION = 2
+SUBSET_FORMAT_VERSION = 2  # one file per image
+SUBSET_SHARDED_VERSION = 3  # the images in media shards
 SAMPLES = "samples.jsonl"
 INDEX = "samples.idx"
 IMAGES = "images"
@@ -70,6 +77,11 @@ def canonical(value: Any, what: str) -> Any:
 def is_original_layout(manifest: Mapping[str, Any]) -> bool:
     """A subset manifest without ``format``: the original layout (``samples.json``, version 1)."""
     return "format" not in manifest
+
+
+def is_sharded(manifest: Mapping[str, Any]) -> bool:
+    """A subset whose images are in media shards (version 3)."""
+    return manifest.get("version") == SUBSET_SHARDED_VERSION and not is_original_layout(manifest)
 
 
 def image_items(sample: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -11,6 +11,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from puzzletron.dataset.conversation import validate_conversation
 from puzzletron.dataset.conversation.images import shown_size
 from puzzletron.dataset.errors import ConversationError, ImageError, SnapshotError
@@ -24,6 +26,7 @@ from puzzletron.dataset.formats.manifest import (
     parse_json,
     verify_file,
 )
+from puzzletron.dataset.formats.media_shards import MediaShards, verify_media
 from puzzletron.dataset.formats.subset._layout import (
     IMAGES,
     INDEX,
@@ -32,9 +35,11 @@ from puzzletron.dataset.formats.subset._layout import (
     SUBSET_FORMAT,
     image_items,
     is_original_layout,
+    is_sharded,
     label,
 )
 from puzzletron.dataset.formats.subset.reader import SubsetReader, read_manifest, subset_manifest
+from puzzletron.dataset.storage.local import LocalFiles
 
 __all__ = ["describe_subset", "render_subset", "verify_subset"]
 
@@ -144,7 +149,7 @@ def verify_subset(path: str | Path) -> VerifyReport:
                 continue
             used.add((i, k))
     _check_totals(root, manifest, sample_count, image_count, seen_sources, problems)
-    _check_images(root, records, used, problems)
+    _check_images(root, manifest, records, used, problems)
     unique = tuple(dict.fromkeys(problems))  # the reader and the totals may both report one count
     return VerifyReport(str(root), sample_count, image_count, unique, SUBSET_FORMAT)
 
@@ -177,34 +182,65 @@ def _check_totals(
 
 
 def _check_images(
-    root: Path, records: Mapping[tuple[Any, Any], Any], used: set[tuple[Any, Any]], problems: list[str]
+    root: Path,
+    manifest: Mapping[str, Any],
+    records: Mapping[tuple[Any, Any], Any],
+    used: set[tuple[Any, Any]],
+    problems: list[str],
 ) -> None:
-    """Every listed image: used by a sample, there with its size and SHA-256; no unlisted image file."""
+    """Every listed image: used by a sample, there with its size and SHA-256 (a file, or its range of a
+    media shard); no unlisted image file or media file."""
 
     def order(kv: tuple[Any, Any]) -> tuple[int, ...]:
         return tuple(x if isinstance(x, int) else -1 for x in kv[0])
 
-    for key, record in sorted(records.items(), key=order):
+    ordered = sorted(records.items(), key=order)
+    for key, record in ordered:
         if key not in used:
             problems.append(f"{root / MANIFEST}: image {record.get('path')!r} is used by no sample")
         what = f"image of sample {key[0]} (row {record.get('row_id')!r})"
         found = len(problems)
-        verify_file(root, record, problems, what)
-        if len(problems) == found:  # there, with its SHA-256: is it the size the manifest records?
-            _check_size(root, record, what, problems)
-    listed_paths = {r.get("path") for r in records.values()}
+        if not is_sharded(manifest):
+            verify_file(root, record, problems, what)
+            if len(problems) == found:  # there, with its SHA-256: is it the size the manifest records?
+                _check_size(root, record, what, problems)
+    if is_sharded(manifest):
+        _check_media(root, manifest, [r for _, r in ordered], problems)
+    listed_paths = {r.get("path") for r in records.values()} if not is_sharded(manifest) else set()
     if (root / IMAGES).is_dir():
         for file in sorted((root / IMAGES).iterdir()):
             if f"{IMAGES}/{file.name}" not in listed_paths:
                 problems.append(f"{root}: unexpected file {IMAGES}/{file.name} not in the manifest")
 
 
-def _check_size(root: Path, record: Mapping[str, Any], what: str, problems: list[str]) -> None:
-    """The image's size as displayed (from its header) against the manifest's ``width`` x ``height``: the
-    grid of its tokens is computed from those, so a manifest that lies about them gives wrong tokens."""
+def _check_media(root: Path, manifest: Mapping[str, Any], ordered: list[Any], problems: list[str]) -> None:
+    """A version-3 subset's media shards (`verify_media`), no unlisted file under ``media/``, and (when
+    they are sound) every image's size as displayed against its record, read back from its shard."""
+    found = len(problems)
+    verify_media(LocalFiles(root), manifest["media"], ordered, str(root), problems)
+    listed = {r["path"] for r in manifest["media"]["files"]}
+    files = {p.relative_to(root).as_posix() for p in (root / "media").rglob("*") if p.is_file()}
+    problems += [f"{root}: unexpected file {rel} not in the manifest" for rel in sorted(files - listed)]
+    if len(problems) > found:
+        return
+    media = MediaShards(LocalFiles(root), manifest["media"], where=str(root))
+    for start in range(0, len(ordered), 256):  # 256 images at a time
+        batch = ordered[start : start + 256]
+        for record, data in zip(batch, media.read(np.arange(start, start + len(batch))), strict=True):
+            what = f"image of sample {record.get('sample_index')} (row {record.get('row_id')!r})"
+            _check_size(root, record, what, problems, data)
+
+
+def _check_size(
+    root: Path, record: Mapping[str, Any], what: str, problems: list[str], data: bytes | None = None
+) -> None:
+    """The image's size as displayed (from its header; `data`, else its file) against the manifest's
+    ``width`` x ``height``: the grid of its tokens is computed from those, so a manifest that lies about
+    them gives wrong tokens."""
     where = f"{root}: {what} {record['path']!r}"
     try:
-        size = shown_size((root / record["path"]).read_bytes(), where=where)
+        data = data if data is not None else (root / record["path"]).read_bytes()
+        size = shown_size(data, where=where)
     except (OSError, ImageError) as exc:
         problems.append(str(exc))
         return
@@ -216,6 +252,14 @@ def _check_size(root: Path, record: Mapping[str, Any], what: str, problems: list
 def _image_format(record: Mapping[str, Any]) -> str:
     fmt = record.get("format")
     return fmt if isinstance(fmt, str) and fmt else Path(record["path"]).suffix.lstrip(".").upper()
+
+
+def _media(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """How the images are stored: one file each, or media shards (their count and target size)."""
+    if not is_sharded(manifest):
+        return {"layout": "files"}
+    media = manifest["media"]
+    return {"layout": "shards", "shards": media["shards"], "shard_bytes": media["shard_bytes"]}
 
 
 def _list(value: Any) -> list[Any]:
@@ -241,6 +285,7 @@ def describe_subset(path: str | Path) -> dict[str, Any]:
         "image_width": {"min": min(widths), "max": max(widths)} if widths else None,
         "image_height": {"min": min(heights), "max": max(heights)} if heights else None,
         "image_bytes": sum(r.get("bytes") or (root / r["path"]).stat().st_size for r in images),
+        "media": _media(manifest),
         "bytes_on_disk": bytes_on_disk(root),
         "acquisition": manifest.get("acquisition"),
     }
@@ -258,5 +303,8 @@ def render_subset(info: Mapping[str, Any]) -> list[str]:
     if info["image_width"]:
         w, h = info["image_width"], info["image_height"]
         lines.append(f"image size   width {w['min']}..{w['max']}, height {h['min']}..{h['max']}")
+    media = info.get("media") or {"layout": "files"}
+    if media["layout"] == "shards":
+        lines.append(f"media        {media['shards']} shards of up to {human_size(media['shard_bytes'])}")
     lines.append(f"on disk      {human_size(info['bytes_on_disk'])} ({info['bytes_on_disk']} bytes)")
     return lines

@@ -19,8 +19,14 @@ from typing import IO, Any
 from puzzletron.dataset._checks import require_int
 from puzzletron.dataset.conversation import validate_conversation
 from puzzletron.dataset.conversation.images import encode_image
-from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats.manifest import MANIFEST, require_same_acquisition, sha256_file
+from puzzletron.dataset.formats.media_shards import (
+    DEFAULT_SHARD_BYTES,
+    MAX_SHARD_BYTES,
+    MIN_SHARD_BYTES,
+    MediaShardWriter,
+)
 from puzzletron.dataset.formats.subset._layout import (
     IDX_HEADER,
     IDX_MAGIC,
@@ -29,6 +35,7 @@ from puzzletron.dataset.formats.subset._layout import (
     SAMPLES,
     SUBSET_FORMAT,
     SUBSET_FORMAT_VERSION,
+    SUBSET_SHARDED_VERSION,
     canonical,
     dumps_line,
     label,
@@ -42,10 +49,13 @@ __all__ = ["materialize_normalized_conversation_samples", "materialize_normalize
 logger = logging.getLogger(__name__)
 
 
-def _store_sample(tmp: Path, index: int, sample: Mapping[str, Any], table: IO[str]) -> tuple[bytes, int]:
-    """Write sample `index`'s images under `tmp/images` and their manifest records (one JSON line each) to
-    `table`; return the sample's `samples.jsonl` line (image items now hold relative paths) and its image
-    count. The caller's sample is not modified."""
+def _store_sample(
+    tmp: Path, index: int, sample: Mapping[str, Any], table: IO[str], shards: MediaShardWriter | None
+) -> tuple[bytes, int]:
+    """Write sample `index`'s images under `tmp/images` (or into the media `shards`) and their manifest
+    records (one JSON line each) to `table`; return the sample's `samples.jsonl` line (image items now hold
+    relative paths: in shards, the images' names) and its image count. The caller's sample is not
+    modified."""
     name = label(index, sample)
     validate_conversation(sample, where=name)
     stored = copy.deepcopy({key: v for key, v in sample.items() if key != "conversation"})
@@ -60,8 +70,11 @@ def _store_sample(tmp: Path, index: int, sample: Mapping[str, Any], table: IO[st
                 item["image"], where=f"{name} image {k} (conversation[{t}].content[{c}].image)"
             )
             rel = f"{IMAGES}/{index:06d}_{k:02d}{encoded.extension}"
-            with open(tmp / rel, "xb") as fh:
-                fh.write(encoded.data)
+            if shards is not None:
+                shards.add(encoded.data, encoded.sha256)
+            else:
+                with open(tmp / rel, "xb") as fh:
+                    fh.write(encoded.data)
             record = {
                 "bytes": encoded.size,
                 "format": encoded.format,
@@ -108,14 +121,18 @@ def _write_subset(
     diagnostics: Mapping[str, Any] | None,
     expected_count: int | None,
     output_dir: Path,
+    shard_bytes: int | None,
 ) -> None:
-    """Stream `samples` into the transaction directory `tmp`.
+    """Stream `samples` into the transaction directory `tmp` (the images into media shards of
+    `shard_bytes` when it is given).
 
     One sample at a time: its images go to `images/`, its line to `samples.jsonl`, its image records to a
     temporary table (spliced into the manifest at the end), its line offset and source group to arrays that
     become `samples.idx`. Memory is O(samples) for the two arrays (12 bytes a sample), never the samples.
     """
-    (tmp / IMAGES).mkdir()
+    shards = MediaShardWriter(tmp, shard_bytes) if shard_bytes is not None else None
+    if shards is None:
+        (tmp / IMAGES).mkdir()
     offsets = array.array("Q", [0])
     group_ids: dict[tuple[str, str], int] = {}
     groups = array.array("I")
@@ -124,7 +141,9 @@ def _write_subset(
     image_table = tmp / f".images-{secrets.token_hex(4)}.jsonl"
     with open(tmp / SAMPLES, "xb") as out, open(image_table, "x", encoding="utf-8") as table:
         for index, sample in enumerate(samples):
-            line, images = _store_sample(tmp, index, sample, table)
+            line, images = _store_sample(tmp, index, sample, table, shards)
+            if shards is not None:
+                shards.end_sample()
             out.write(line)
             samples_digest.update(line)
             offsets.append(offsets[-1] + len(line))
@@ -145,13 +164,15 @@ def _write_subset(
         fh.write(little_endian(groups).tobytes())
     manifest: dict[str, Any] = {
         "format": SUBSET_FORMAT,
-        "version": SUBSET_FORMAT_VERSION,
+        "version": SUBSET_FORMAT_VERSION if shards is None else SUBSET_SHARDED_VERSION,
         "sample_count": sample_count,
         "image_count": image_count,
         "sources": [{"dataset": d, "revision": r} for d, r in sorted(group_ids)],
         "samples": {"path": SAMPLES, "bytes": offsets[-1], "sha256": samples_digest.hexdigest()},
         "index": {"path": INDEX, "bytes": (tmp / INDEX).stat().st_size, "sha256": sha256_file(tmp / INDEX)},
     }
+    if shards is not None:
+        manifest["media"] = shards.finish()
     if acquisition is not None:
         manifest["acquisition"] = acquisition
     if diagnostics is not None:
@@ -190,8 +211,14 @@ def materialize_normalized_conversation_samples(
     acquisition: Mapping[str, Any] | None = None,
     diagnostics: Mapping[str, Any] | None = None,
     expected_count: int | None = None,
+    media: str = "files",
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
 ) -> dict[str, Any]:
     """Stream normalized conversations into an atomically published offline subset.
+
+    ``media="files"`` writes one file per image (version 2); ``"shards"`` writes the images into media
+    shards of about `shard_bytes` (version 3, ``docs/media-shard-format.md``): what object storage and
+    parallel file systems want at scale.
 
     Returns the manifest. `output_dir` ends up absent or complete: a failure (bad sample, shortfall against
     `expected_count`, a kill) publishes nothing. A complete subset already there is reused (its manifest is
@@ -202,6 +229,10 @@ def materialize_normalized_conversation_samples(
     """
     if expected_count is not None:
         require_int(expected_count, "expected_count", minimum=1, error=SnapshotError)
+    if media not in ("files", "shards"):
+        raise ConfigError(f"media must be 'files' or 'shards'; got {media!r}")
+    shard_bytes = require_int(shard_bytes, "shard_bytes", minimum=MIN_SHARD_BYTES, maximum=MAX_SHARD_BYTES,
+                              error=ConfigError)  # fmt: skip
     destination = check_destination(output_dir)  # absolute: "." is replaced by the rename; read it by name
     wanted = canonical(acquisition, "acquisition")
     if _occupied(destination):  # published subsets are complete: reading one needs no lock (read-only mounts)
@@ -217,6 +248,7 @@ def materialize_normalized_conversation_samples(
                 diagnostics=diagnostics,
                 expected_count=expected_count,
                 output_dir=destination,
+                shard_bytes=shard_bytes if media == "shards" else None,
             )
         logger.info("published subset at %s", destination)
         return read_manifest(destination)

@@ -16,19 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from puzzletron.dataset.errors import ConfigError, SnapshotError
+from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
-from puzzletron.dataset.formats.manifest import (
-    MANIFEST,
-    canonical_sha256,
-    check_file,
-    check_store_header,
-    check_store_records,
-    load_json,
-)
+from puzzletron.dataset.formats import manifest as _manifest
+from puzzletron.dataset.formats.manifest import MANIFEST, check_file, load_json, load_source_json
 from puzzletron.dataset.formats.token_store import TOKEN_STORE_FORMAT, TOKEN_STORE_VERSION
 from puzzletron.dataset.formats.vlm_store.settings import pixel_problems
-from puzzletron.dataset.storage.objects import is_url
+from puzzletron.dataset.storage.objects import is_url, join_url
+from puzzletron.dataset.storage.sources import open_source
 
 __all__ = [
     "BLOCKS",
@@ -46,6 +41,7 @@ __all__ = [
     "VLM_STORE_FORMAT",
     "VLM_STORE_VERSION",
     "WITHIN",
+    "at",
     "block_files",
     "check_manifest",
     "expected_sizes",
@@ -99,11 +95,15 @@ def token_identity(identity: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def local_root(path: str | Path) -> Path:
-    """The store's absolute directory; `ConfigError` for an URL (VLM stores are local folders)."""
-    if is_url(path):
-        raise ConfigError(f"{path}: a VLM store is a local folder (object storage holds token stores only)")
-    return Path(path).absolute()
+def local_root(path: str | Path) -> Path | str:
+    """The store's location: an absolute folder, or an URL prefix without its trailing slash (read
+    through the object layer, ``docs/object-storage.md``)."""
+    return str(path).rstrip("/") if is_url(path) else Path(path).absolute()
+
+
+def at(root: Path | str, rel: str) -> Any:
+    """File `rel` of the store at `root` (a path, or an URL string)."""
+    return join_url(root, rel) if isinstance(root, str) else root / rel
 
 
 def _int(value: Any, what: str, where: Path, low: int = 0, high: int = _MAX) -> int:
@@ -146,7 +146,9 @@ def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
     """`manifest` (a parsed VLM ``manifest.json``, named `where` in errors) with every field checked:
     format and version, identity and its hash, processor facts, counts, block checksums, file records.
     `SnapshotError` naming the first field that is wrong. Reads nothing else."""
-    check_store_header(manifest, where, fmt=VLM_STORE_FORMAT, version=VLM_STORE_VERSION, what="VLM store")
+    _manifest.check_store_header(
+        manifest, where, fmt=VLM_STORE_FORMAT, version=VLM_STORE_VERSION, what="VLM store"
+    )
     keys = set(manifest) - {SUBSET_PATH}
     if keys != _KEYS:
         raise SnapshotError(f"{where}: keys {sorted(_KEYS - keys)} are missing and "
@@ -158,11 +160,11 @@ def check_manifest(manifest: Any, where: Path) -> dict[str, Any]:
         raise SnapshotError(f"{where}: identity is {identity!r:.80}; expected a VLM store identity")
     if identity.get("version") != manifest["version"]:
         raise SnapshotError(f"{where}: identity names version {identity.get('version')!r}, not this store's")
-    if manifest["identity_sha256"] != canonical_sha256(identity):
+    if manifest["identity_sha256"] != _manifest.canonical_sha256(identity):
         raise SnapshotError(f"{where}: identity_sha256 is not the SHA-256 of its identity")
     _check_processor(manifest["processor"], where)
     _check_counts(manifest["counts"], where)
-    check_store_records(manifest, where)
+    _manifest.check_store_records(manifest, where)
     return manifest
 
 
@@ -185,18 +187,25 @@ def block_files(manifest: Mapping[str, Any]) -> list[tuple[str, int]]:
     return [(r["path"], r["bytes"]) for r in manifest["files"] if r["path"] not in (BLOCKS, TOKENS_MANIFEST)]
 
 
-def load_vlm_manifest(root: Path) -> dict[str, Any]:
-    """The VLM store manifest at `root`, every field checked (`check_manifest`), no other file read."""
-    where = root / MANIFEST
-    return check_manifest(load_json(where, "the manifest"), where)
+def load_vlm_manifest(root: Path | str, source: Any = None) -> dict[str, Any]:
+    """The VLM store manifest at `root` (read through `source`, an URL's by default), every field checked
+    (`check_manifest`), no other file read."""
+    where = at(root, MANIFEST)
+    if isinstance(root, Path) and source is None:
+        return check_manifest(load_json(where, "the manifest"), where)
+    source = source if source is not None else open_source(root)
+    return check_manifest(load_source_json(source, MANIFEST, where), where)
 
 
-def read_complete_manifest(path: str | Path) -> dict[str, Any]:
-    """The manifest of the complete VLM store at `path`; `SnapshotError` saying what is wrong otherwise:
-    every field, exactly this layout's files each with the size its counts imply, and ``tokens/``'s
-    manifest with its recorded SHA-256 (the token store's own completeness: `TokenStore`). Reads no token."""
+def read_complete_manifest(path: str | Path, source: Any = None) -> dict[str, Any]:
+    """The manifest of the complete VLM store at `path` (a folder or an URL, read through `source` when
+    given); `SnapshotError` saying what is wrong otherwise: every field, exactly this layout's files each
+    with the size its counts imply (at an URL: from one listing), and ``tokens/``'s manifest with its
+    recorded SHA-256 (the token store's own completeness: `TokenStore`). Reads no token."""
     root = local_root(path)
-    manifest = load_vlm_manifest(root)
+    if isinstance(root, str) and source is None:
+        source = open_source(root)
+    manifest = load_vlm_manifest(root, source)
     sizes = expected_sizes(manifest)
     paths = [r["path"] for r in manifest["files"]]
     if paths != sorted(sizes):
@@ -206,17 +215,23 @@ def read_complete_manifest(path: str | Path) -> dict[str, Any]:
         )
     problems = []
     for record in manifest["files"]:
+        rel, recorded = record["path"], record["bytes"]
         try:
-            check_file(root, record, within=WITHIN)
+            if isinstance(root, Path):
+                check_file(root, record, within=WITHIN)
+            elif source.size(rel) != recorded:
+                raise SnapshotError(f"{root}: {rel} has {source.size(rel)} bytes, the manifest records "
+                                    f"{recorded} (truncated or replaced)")  # fmt: skip
         except SnapshotError as exc:
             problems.append(str(exc))
             continue
-        if record["bytes"] != sizes[record["path"]]:
-            problems.append(f"{root}: {record['path']} has {record['bytes']} bytes; its counts imply "
-                            f"{sizes[record['path']]}")  # fmt: skip
+        if recorded != sizes[rel]:
+            problems.append(f"{root}: {rel} has {recorded} bytes; its counts imply {sizes[rel]}")
     if not problems:
-        digest = hashlib.sha256((root / TOKENS_MANIFEST).read_bytes()).hexdigest()
-        if digest != next(r["sha256"] for r in manifest["files"] if r["path"] == TOKENS_MANIFEST):
+        local = isinstance(root, Path)
+        raw = (root / TOKENS_MANIFEST).read_bytes() if local else source.read_bytes(TOKENS_MANIFEST)
+        digest = next(r["sha256"] for r in manifest["files"] if r["path"] == TOKENS_MANIFEST)
+        if hashlib.sha256(raw).hexdigest() != digest:
             problems.append(f"{root}: {TOKENS_MANIFEST} differs from the SHA-256 the manifest records")
     if problems:
         raise SnapshotError(f"{root}: incomplete or damaged VLM store: {'; '.join(problems[:5])}")

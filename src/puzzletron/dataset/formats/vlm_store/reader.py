@@ -28,17 +28,19 @@ import numpy as np
 
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import blocks as _blocks
-from puzzletron.dataset.formats.manifest import MANIFEST, sha256_file
+from puzzletron.dataset.formats.subset import manifest_sha256
 from puzzletron.dataset.formats.token_store import TokenStore, read_strings
 from puzzletron.dataset.formats.vlm_store import _layout as layout
 from puzzletron.dataset.formats.vlm_store._layout import VLM_STORE_FORMAT, VLM_STORE_VERSION
-from puzzletron.dataset.storage.local import LocalFiles
+from puzzletron.dataset.storage.objects import is_url
+from puzzletron.dataset.storage.sources import open_source
 
 __all__ = ["VLM_STORE_FORMAT", "VLM_STORE_VERSION", "VlmStore"]
 
 
 class VlmStore:
-    """A read-only view of the VLM store at `path` (a local folder): its tokens (``tokens``, a
+    """A read-only view of the VLM store at `path` (a folder, or an URL prefix read through the node's
+    object cache, every object pinned by its ETag: ``docs/object-storage.md``): its tokens (``tokens``, a
     `TokenStore`, whose ``lengths``, ``offsets``, ``read``, ``sample``, ``sample_ids`` and ``skipped_ids``
     this store serves) plus the image table.
 
@@ -49,9 +51,10 @@ class VlmStore:
     """
 
     def __init__(self, path: str | Path) -> None:
-        self.path = layout.local_root(path)
-        self.manifest = layout.read_complete_manifest(self.path)
-        self.tokens = TokenStore(self.path / layout.TOKENS)
+        self.path: Any = layout.local_root(path)
+        self._files = open_source(self.path)
+        self.manifest = layout.read_complete_manifest(self.path, self._files)
+        self.tokens = TokenStore(layout.at(self.path, layout.TOKENS))
         counts, recorded = self.manifest["counts"], self.tokens.manifest
         if recorded["identity"] != layout.token_identity(self.manifest["identity"]) or any(
             recorded["counts"][k] != counts[k] for k in ("rows", "samples", "skipped")
@@ -64,7 +67,6 @@ class VlmStore:
         self.processor: dict[str, Any] = dict(self.manifest["processor"])
         self.image_token_id: int = self.processor["image_token_id"]
         self.merge_size: int = self.processor["merge_size"]
-        self._files = LocalFiles(self.path)
         for record in self.manifest["files"]:  # pinned before a byte is read
             if record["path"] != layout.TOKENS_MANIFEST:
                 self._files.pin(record["path"])
@@ -78,18 +80,16 @@ class VlmStore:
         )
         self._arrays: dict[str, np.ndarray] = {}
 
-    def recorded_subset(self) -> Path | None:
-        """The subset the store was built from where it was then (the manifest's ``subset_path``), if it is
-        still that subset there (its ``manifest.json`` has the SHA-256 the identity records); else None."""
+    def recorded_subset(self) -> Path | str | None:
+        """The subset the store was built from where it was then (the manifest's ``subset_path``: a folder
+        or an URL), if it is still that subset there (its ``manifest.json`` has the SHA-256 the identity
+        records); else None."""
         recorded = self.manifest.get(layout.SUBSET_PATH)
         if not recorded:
             return None
-        manifest = Path(recorded) / MANIFEST
+        location: Path | str = recorded if is_url(recorded) else Path(recorded)
         wanted = self.manifest["identity"]["subset"]["manifest_sha256"]
-        try:
-            return Path(recorded) if manifest.is_file() and sha256_file(manifest) == wanted else None
-        except OSError:  # unreadable there now: as good as moved
-            return None
+        return location if manifest_sha256(location) == wanted else None  # moved or changed: None
 
     def __len__(self) -> int:
         return len(self.tokens)

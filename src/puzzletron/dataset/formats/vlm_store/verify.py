@@ -216,11 +216,11 @@ def render_vlm_store(info: Mapping[str, Any]) -> list[str]:
         f"{processor.get('merge_size')}, pixels [{processor.get('min_pixels')}, "
         f"{processor.get('max_pixels')}]"
     )
-    lines.append(f"shards       {counts.get('shards')} of {info['rows_per_shard']} rows")
-    if subset.get("manifest_sha256"):
-        lines.append(
-            f"subset       {subset.get('sample_count')} samples, manifest {subset['manifest_sha256']}"
-        )
-    lines.append(f"identity     {info['identity_sha256']}")
-    lines.append(f"on disk      {human_size(info['bytes_on_disk'])} ({info['bytes_on_disk']} bytes)")
+    lines += [
+        f"shards       {counts.get('shards')} of {info['rows_per_shard']} rows",
+        *([f"subset       {subset.get('sample_count')} samples, manifest {subset['manifest_sha256']}"]
+          if subset.get("manifest_sha256") else []),
+        f"identity     {info['identity_sha256']}",
+        f"on disk      {human_size(info['bytes_on_disk'])} ({info['bytes_on_disk']} bytes)",
+    ]  # fmt: skip
     return lines

@@ -57,21 +57,10 @@ class VlmShardWriter:
         self._paths: list[str] = []
 
     def add(
-        self,
-        input_ids: np.ndarray,
-        mask: np.ndarray,
-        *,
-        lengths: np.ndarray,
-        sample_ids: Sequence[str],
-        supervised: np.ndarray,
-        reasons: np.ndarray,
-        images: np.ndarray,
-        media_end: np.ndarray,
-        grid: np.ndarray,
-        image_tokens: np.ndarray,
-        paths: Sequence[str],
-        sha256: np.ndarray,
-    ) -> None:
+        self, input_ids: np.ndarray, mask: np.ndarray, *, lengths: np.ndarray, sample_ids: Sequence[str],
+        supervised: np.ndarray, reasons: np.ndarray, images: np.ndarray, media_end: np.ndarray,
+        grid: np.ndarray, image_tokens: np.ndarray, paths: Sequence[str], sha256: np.ndarray,
+    ) -> None:  # fmt: skip
         """Append a batch of rows. Every row, in order: ``sample_ids`` and ``supervised`` labels (0: the row
         is skipped); the skipped rows' ``reasons`` (indices of ``SKIP_REASONS``), in order. The kept rows:
         flat ``input_ids`` / ``mask`` ``[N]``, ``lengths``, ``images`` (how many) and ``media_end``; their
@@ -173,15 +162,17 @@ def assemble_vlm_store(
     *,
     fields: Mapping[str, Any],
     token_fields: Mapping[str, Any],
+    link_shards: bool = True,
 ) -> dict[str, Any]:
     """Write the store into the empty directory `tmp` from finished shards (in shard order, with their
     `records`): ``tokens/`` by `assemble_store` with ``token_fields``; the image table (offsets rebased)
     with its block checksums; the manifest (``fields``: identity, its hash, processor facts, built_with)
-    written last. Returns it."""
+    written last. Returns it. ``link_shards=False``: the token shards' data files are elsewhere (on object
+    storage, uploaded already)."""
     (tmp / layout.TOKENS).mkdir()
     assemble_store(
         tmp / layout.TOKENS, [d / layout.TOKENS for d in shard_dirs], [r["tokens"] for r in records],
-        fields=token_fields,
+        fields=token_fields, link_shards=link_shards,
     )  # fmt: skip
     (tmp / "media").mkdir()
     out = {rel: HashingFile(tmp / rel) for rel in _PARTS.values()}

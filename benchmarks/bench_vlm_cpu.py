@@ -1,0 +1,329 @@
+"""Where the CPU of the native VLM path goes, per delivered token (issue 25): the breakdown and the loader.
+
+    .venv/bin/python benchmarks/bench_vlm_cpu.py                             # every mode, pack 4096 and 8192
+    .venv/bin/python benchmarks/bench_vlm_cpu.py --modes bfloat16,uint8 --steps 60 --repeats 3
+
+Inputs: ``benchmarks/bench_vlm.py``'s (the 3,000-sample Nemotron-like subset of ``_vlm_synthetic.py``, 5,936
+JPEGs of 64-1,500 px, its VLM store under the Qwen2.5-VL-style processor), written once into ``--workdir``
+(shared with ``bench_vlm.py``). Rank 0 of 8, ``batch_size`` 1, ``packed_varlen``, pack 4096 and 8192; its
+first ``--steps`` batches. Each measurement runs in a fresh interpreter; figures are medians of ``--repeats``.
+
+Per mode (``pixel_dtype``: ``bfloat16``, the default bit-exact mode the issue measured; ``float32``, the
+processor's own dtype; ``uint8``, the opt-in transport normalised on the device) it reports:
+
+- ``breakdown`` (one process, CPU seconds per delivered token, and their shares of the total):
+  ``read_decode`` (read each image from the subset, SHA-256 check, decode to RGB: the floor of any CPU path
+  that decodes), ``processor`` (resize, rescale/normalise, patchify: `VlmProcessor.pixels`), ``tokens`` (the
+  token part of the batch from the store), ``positions`` (mRoPE ids, masks, the rest of attaching media, and
+  the trainer reading a byte of every page of the batch, as ``.to(device)`` reads them all); ``in_process``
+  is their sum, ``bytes_per_image_token`` what ``pixel_values`` hand to the device;
+- ``loader_<k>`` for ``k`` in ``--workers`` (1 and 2): the same batches through
+  ``batches.loader(num_workers=k)``: CPU of the trainer and its workers per delivered token over batches
+  ``--skip`` .. ``--steps`` (a run of ``--skip`` batches subtracted from a run of ``--steps``: what an
+  epoch of thousands of batches pays per token), ``transfer`` = that minus ``in_process`` over the same
+  batches (what moving batches from workers costs), their ratio, ``startup_cpu_s`` (forking the workers,
+  their first pages), tokens per wall second and ``scaling`` (against ``k`` times one worker's), and the
+  peak RSS of a worker. The breakdown leaves out the same first ``--skip`` batches.
+
+``--draft`` adds the reduced-size decode (Pillow ``draft``) at a tight pixel budget (``max_pixels`` 250,880,
+where some images qualify): its CPU against the full decode on the same batches, and the pixel difference
+it makes (uint8 steps of the processor's unnormalised values, over the qualifying images).
+
+Figures (this 2-core VM shared with other jobs, so CPU seconds are inflated about 2x against the issue's and
+wall rates are noisy; medians of 2-3 repeats, 40-48 steps; us of CPU per delivered token):
+
+================================  ==========  ==========  ==========  ==========
+pack 4096 / 8192                  before      after       after uint8 issue target
+================================  ==========  ==========  ==========  ==========
+in one process                    31.7 / 30.4 30.5 / 33.7 25.2 / 25.6
+2 workers, per token (marginal)   43.6 / 44.7 33.6 / 35.3 28.0 / 28.0 <= 0.6x / 0.4x
+  against before                  1           0.77 / 0.79 0.64 / 0.63
+2 workers, startup included       51.7 / 50.4 40.8 / 40.3 34.4 / 31.5
+2 workers / one process           1.38 / 1.47 1.05-1.20   1.06-1.11   <= 1.15
+1 worker / one process            1.44 / 1.55 1.02-1.08   0.93-1.26
+bytes per image token             9,408       9,408       4,704       <= 18,816 / 4
+peak RSS of a worker              0.48-0.55 G 0.51-0.69 G 0.44-0.55 G <= 1 GB
+================================  ==========  ==========  ==========  ==========
+
+Shares in one process (bfloat16, pack 4096): read + decode 16 %, image processor 77 % (PIL's bicubic resize
+is about 55 % of it and 80 % of the uint8 path's), tokens 3 %, positions 4 %. What is left is PIL's decode
+and resize: the targets of 0.6x / 0.4x need the resize off the CPU (a bit-exact fixed-point resize on the
+device, from uint8 decoded images), not a cheaper transport. Scaling: 2 workers delivered 0.54-1.02 x 2
+one worker's tokens per second here (2 cores for the trainer, both workers and the other jobs: the cores
+limit it). Draft decoding at ``max_pixels`` 250,880 (29 of 157 images qualify): 0.85x the CPU per image
+over all images, up to 62 and on average 2.4 uint8 steps from a full decode (18 % of values identical):
+opt-in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+__all__ = ["main"]
+
+RANKS = 8
+PACKS = (4096, 8192)
+TIGHT_MAX_PIXELS = 250_880
+
+
+def _child(part: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Run ``_measure_<part>(args)`` in a fresh interpreter (its own CPU and RSS accounting)."""
+    import bench_vlm
+
+    return bench_vlm._child(part, args, module="bench_vlm_cpu")
+
+
+def _batches(args: dict[str, Any]) -> Any:
+    import torch
+
+    from bench_vlm import _spec
+    from puzzletron.dataset.pipelines.vlm import build_vlm_batches
+
+    extra = {"draft": True} if args.get("draft") else {}
+    return build_vlm_batches(
+        args["store"], processor=args["processor"], subset=args["subset"], spec=_spec(int(args["pack"])),
+        batch_size=1, dp_rank=0, dp_size=RANKS, seed=0, pixel_dtype=getattr(torch, args["mode"]), **extra,
+    )  # fmt: skip
+
+
+def _consume(batch: Any) -> int:
+    """What the trainer does with a batch before the device has it, at the least: read a byte of every
+    page of every tensor (``.to(device)`` reads them all); the delivered (real) tokens."""
+    import torch
+
+    tensors = [v for v in batch.model_kwargs.values() if isinstance(v, torch.Tensor)]
+    tensors += [batch.labels, batch.ce_mask, batch.hidden_mask]
+    for t in tensors:
+        if t.numel():
+            t.contiguous().reshape(-1).view(torch.uint8)[::4096].sum()
+    return int(batch.hidden_mask.sum())
+
+
+def _image_tokens(batch: Any) -> int:
+    return int(batch.model_kwargs["image_grid_thw"].prod(dim=1).sum()) // 4  # merge 2: 4 patches a token
+
+
+def _measure_breakdown(args: dict[str, Any]) -> dict[str, Any]:
+    """The first ``steps`` batches built in this process, each part's CPU timed where it runs."""
+    import itertools
+
+    from puzzletron.dataset.distributed import PackedBatches
+    from puzzletron.dataset.pipelines import _vlm_media
+    from puzzletron.dataset.tokenize.processor import VlmProcessor
+
+    spent = {"read_decode": 0.0, "processor": 0.0, "tokens": 0.0}
+
+    def timed(name: str, fn: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            start = time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] += time.process_time() - start
+
+        return wrapper
+
+    _vlm_media.VlmMedia._images = timed("read_decode", _vlm_media.VlmMedia._images)
+    VlmProcessor.pixels = timed("processor", VlmProcessor.pixels)
+    PackedBatches.__getitem__ = timed("tokens", PackedBatches.__getitem__)
+    batches = _batches(args)
+    keys = list(itertools.islice(iter(batches.sampler), int(args["steps"])))
+    for key in keys[: int(args["skip"])]:  # warm, and the batches the loader figures leave out
+        batches.dataset[key]
+    keys = keys[int(args["skip"]) :]
+    spent = dict.fromkeys(spent, 0.0)
+    delivered = image_tokens = pixel_bytes = 0
+    start = time.process_time()
+    for key in keys:
+        batch = batches.dataset[key]
+        delivered += _consume(batch)
+        image_tokens += _image_tokens(batch)
+        pixel_bytes += batch.model_kwargs["pixel_values"].nbytes
+    total = time.process_time() - start
+    out = {k: v / delivered for k, v in spent.items()}
+    out["positions"] = total / delivered - sum(out.values())
+    out["in_process"] = total / delivered
+    out["bytes_per_image_token"] = pixel_bytes / max(image_tokens, 1)
+    out["tokens"] = out.pop("tokens")
+    return {"per_token_s": out, "delivered": delivered, "image_tokens": image_tokens}
+
+
+def _measure_loader(args: dict[str, Any]) -> dict[str, Any]:
+    """The first ``steps`` batches through ``loader(num_workers=k)``: CPU of this process and its workers
+    (startup included), delivered tokens, wall rate, peak worker RSS."""
+    import gc
+    import resource
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    batches = _batches(args)
+    steps = int(args["steps"])
+    start, wall = cpu(), time.perf_counter()
+    loader = batches.loader(num_workers=int(args["workers"]))
+    delivered = 0
+    for seen, batch in enumerate(loader, start=1):
+        delivered += _consume(batch)
+        if seen == steps:
+            break
+    wall = time.perf_counter() - wall
+    del loader, batch  # workers exit: their CPU and peak RSS land in RUSAGE_CHILDREN
+    gc.collect()
+    time.sleep(0.5)
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return {"cpu_s": cpu() - start, "tokens": delivered, "wall_s": wall, "worker_peak_rss": rss}
+
+
+def _loader_figures(
+    run: dict[str, Any], k: int, skip: int, repeats: int, in_process: float
+) -> dict[str, Any]:
+    """Loader CPU per token over batches ``skip..steps`` (a run of ``skip`` batches subtracted from a run of
+    ``steps``: the workers' startup and the prefetched tail cancel), the startup, rate, peak RSS."""
+    short = _median([_child("loader", {**run, "workers": k, "steps": skip}) for _ in range(repeats)])
+    full = _median([_child("loader", {**run, "workers": k}) for _ in range(repeats)])
+    marginal = (full["cpu_s"] - short["cpu_s"]) / (full["tokens"] - short["tokens"])
+    return {
+        "cpu_per_token_s": marginal,
+        "cpu_per_token_with_startup_s": full["cpu_s"] / full["tokens"],
+        "startup_cpu_s": short["cpu_s"] - marginal * short["tokens"],
+        "transfer_per_token_s": marginal - in_process,
+        "ratio_to_in_process": marginal / in_process,
+        "tokens_per_s": (full["tokens"] - short["tokens"]) / (full["wall_s"] - short["wall_s"]),
+        "worker_peak_rss": full["worker_peak_rss"],
+    }
+
+
+def _measure_draft(args: dict[str, Any]) -> dict[str, Any]:
+    """Full and draft decoding of the same batches' images at the tight budget: CPU per image of read +
+    decode + processor, and the uint8 difference of the resized images where draft applies."""
+    import itertools
+
+    import numpy as np
+    import torch
+
+    from puzzletron.dataset.conversation.images import decode_rgb
+    from puzzletron.dataset.formats.binary import ragged_arange
+    from puzzletron.dataset.tokenize import vlm_processor
+
+    batches = _batches({**args, "mode": "uint8"})
+    store, media = batches.store, batches.dataset.media
+    parts = vlm_processor(args["processor"])
+    keys = list(itertools.islice(iter(batches.sampler), int(args["steps"])))
+    samples = np.unique(np.concatenate([np.concatenate(batches.dataset.rows(k)) for k in keys]))
+    first = np.asarray(store.image_offsets[samples], np.int64)
+    images = ragged_arange(first, np.asarray(store.image_offsets[samples + 1], np.int64) - first)
+    grid = np.asarray(store.grid[images], np.int64).reshape(-1, 3)
+    raw = media.blobs(images)
+    p = parts.grid.patch_size
+    cpu: dict[str, float] = {}
+    pixels: dict[str, list[np.ndarray]] = {}
+    for name, draft in (("full", False), ("draft", True)):
+        start = time.process_time()
+        decoded = [
+            decode_rgb(data, draft=(int(g[2]) * p, int(g[1]) * p) if draft else None)
+            for data, g in zip(raw, grid, strict=True)
+        ]
+        out, _, _ = parts.pixels(decoded, grid, dtype=torch.uint8)
+        cpu[name] = (time.process_time() - start) / len(raw)
+        pixels[name] = out.numpy()
+    source = np.asarray([decode_rgb(data).size for data in raw], np.int64)  # (w, h) as displayed
+    target = grid[:, [2, 1]] * p
+    qualifies = (target * 2 <= source).all(axis=1)
+    patches = np.concatenate([[0], np.cumsum(grid[:, 1] * grid[:, 2])])
+    rows = ragged_arange(patches[:-1][qualifies], (patches[1:] - patches[:-1])[qualifies])
+    diff = np.abs(pixels["full"][rows].astype(np.int16) - pixels["draft"][rows].astype(np.int16))
+    return {
+        "images": len(raw), "qualifying": int(qualifies.sum()),
+        "cpu_per_image_s": cpu, "ratio": cpu["draft"] / cpu["full"],
+        "max_uint8_difference": int(diff.max()) if diff.size else 0,
+        "mean_uint8_difference": float(diff.mean()) if diff.size else 0.0,
+        "identical_values": float((diff == 0).mean()) if diff.size else 1.0,
+    }  # fmt: skip
+
+
+def _tight_store(work: Path, subset: Path, processor: Path) -> tuple[Path, Path]:
+    """The processor at ``max_pixels`` 250,880 and its VLM store (built once)."""
+    import shutil
+
+    from puzzletron.dataset.tokenize import build_vlm_store
+
+    tight = work / "processor-tight"
+    if not (tight / "preprocessor_config.json").is_file():
+        shutil.copytree(processor, tight, dirs_exist_ok=True)
+        config = json.loads((processor / "preprocessor_config.json").read_text())
+        config["max_pixels"] = TIGHT_MAX_PIXELS
+        (tight / "preprocessor_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return tight, build_vlm_store(subset, processor=tight, cache_dir=work / "stores")
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Field-wise median of flat or one-level nested numeric dicts."""
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        if isinstance(value, dict):
+            out[key] = {k: statistics.median(r[key][k] for r in runs) for k in value}
+        else:
+            out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/puzzletron-bench-vlm"))
+    parser.add_argument("--samples", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--skip", type=int, default=8, help="first batches left out (startup)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default="bfloat16,float32,uint8")
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--packs", default=",".join(map(str, PACKS)))
+    parser.add_argument("--draft", action="store_true")
+    parser.add_argument("--out", type=Path, default=None, help="results JSON (default: workdir)")
+    args = parser.parse_args()
+    work = args.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    from _vlm_synthetic import build_processor, make_subset
+    from bench_vlm import _store
+
+    processor = build_processor(work)
+    subset = make_subset(work, args.samples)
+    store = _store(work, subset, processor)
+    results: dict[str, Any] = {"steps": args.steps, "repeats": args.repeats}
+    for pack in (int(p) for p in args.packs.split(",")):
+        common = {"store": str(store), "processor": str(processor), "subset": str(subset), "pack": pack}
+        for mode in filter(None, args.modes.split(",")):
+            run = {**common, "mode": mode, "steps": args.steps, "skip": args.skip}
+            row: dict[str, Any] = {
+                "breakdown": _median([_child("breakdown", run) for _ in range(args.repeats)])
+            }
+            per = row["breakdown"]["per_token_s"]
+            parts = ("read_decode", "processor", "tokens", "positions")
+            row["breakdown"]["shares"] = {k: per[k] / per["in_process"] for k in parts}
+            for k in (int(w) for w in args.workers.split(",")):
+                row[f"loader_{k}"] = _loader_figures(run, k, args.skip, args.repeats, per["in_process"])
+            if "loader_1" in row:  # tokens/s of k workers against k times one worker's
+                for k in (int(w) for w in args.workers.split(",")):
+                    one = row["loader_1"]["tokens_per_s"]
+                    row[f"loader_{k}"]["scaling"] = row[f"loader_{k}"]["tokens_per_s"] / (k * one)
+            results[f"{mode}_{pack}"] = row
+            print(json.dumps({f"{mode}_{pack}": row}), flush=True)
+        if args.draft:
+            tight, tight_store = _tight_store(work, subset, processor)
+            run = {**common, "store": str(tight_store), "processor": str(tight), "steps": args.steps}
+            results[f"draft_{pack}"] = _child("draft", run)
+            print(json.dumps({f"draft_{pack}": results[f"draft_{pack}"]}), flush=True)
+    out = args.out or work / "results-cpu.json"
+    out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
