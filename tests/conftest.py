@@ -14,6 +14,7 @@ alone uses live in that folder's ``conftest.py``.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -46,6 +47,23 @@ class _SessionEnv:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers() -> Iterator[None]:
+    """Each test leaves the process's signal handlers as it found them. NeMo AutoModel's recipes install a
+    SIGTERM handler that only records the signal; a worker forked after such a test ignores
+    `Pool.terminate` and the run hangs in whichever later test forks."""
+    saved = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if signal.getsignal(sig) is not handler and handler is not None:
+                signal.signal(sig, handler)
 
 
 @pytest.fixture(autouse=True, scope="session")

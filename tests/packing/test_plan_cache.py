@@ -90,8 +90,12 @@ def _count_planning(args: tuple[str, str]) -> str:
 
 def test_concurrent_processes_plan_once_and_all_map_the_same_plan(tmp_path: Path) -> None:
     marker = tmp_path / "planned.txt"
-    with multiprocessing.get_context("fork").Pool(4) as pool:
+    pool = multiprocessing.get_context("fork").Pool(4)
+    try:
         folders = pool.map(_count_planning, [(str(tmp_path / "cache"), str(marker))] * 8)
+    finally:  # close + join: the workers exit when their queue ends, whatever handlers they inherited
+        pool.close()
+        pool.join()
     assert len(set(folders)) == 1
     assert marker.read_text().splitlines() == ["planned"]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from puzzletron.cli._args import seed_type
+from puzzletron.cli._figures import pyplot, save_figure
 from puzzletron.cli._output import add_json, emit
 
 if TYPE_CHECKING:
@@ -29,12 +30,10 @@ def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, title: str = "", 
 
     ``lengths`` ``[N]`` are the planned samples' token counts (``plan`` indexes into them).
     """
-    import matplotlib
     import numpy as np
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+
+    plt = pyplot()
 
     n_rows = min(plan.num_rows, max_rows)
     stop = int(plan.row_offsets[n_rows])
@@ -90,10 +89,7 @@ def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, title: str = "", 
     bottom.set_xlabel("sample length (tokens)")
     bottom.set_ylabel("samples")
     bottom.legend(fontsize=9)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def _pack_report(args: argparse.Namespace) -> int:

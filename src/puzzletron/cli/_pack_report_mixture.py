@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from puzzletron.cli._figures import pyplot, save_figure
 from puzzletron.cli._output import emit
 
 __all__ = ["draw_shares", "mixture_report"]
@@ -38,11 +39,7 @@ def draw_shares(
     names: tuple[str, ...], cumulative: np.ndarray, asked: np.ndarray, out: Path, *, title: str
 ) -> None:
     """Write a PNG: each component's share of the real tokens delivered by each global step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     totals = np.maximum(cumulative.sum(axis=1, keepdims=True), 1)
     steps = np.arange(1, cumulative.shape[0] + 1)
     fig, ax = plt.subplots(figsize=(10, 5))
@@ -54,10 +51,7 @@ def draw_shares(
     ax.set_ylim(0, 1)
     ax.set_title(title + "  (dashed: asked)", fontsize=10)
     ax.legend(fontsize=9)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def mixture_report(args: argparse.Namespace) -> int:
@@ -86,19 +80,17 @@ def mixture_report(args: argparse.Namespace) -> int:
     fill = tokens / max(len(batches.plan.order(0)) * row_size, 1)
     draw_shares(batches.plan.names, cumulative, asked, Path(args.out), title=f"{Path(args.mixture).name}")
     if args.json:
-        components = [vars(c) for c in report]
-        emit(
-            "pack-report",
-            "ok",
-            path=str(Path(args.mixture).absolute()),
-            token_count=tokens,
-            components=components,
-            steps=int(cumulative.shape[0]),
-            max_share_gap_rows=gap,
-            image_exceptions=exceptions,
-            fill=fill,
-            picture=str(Path(args.out).absolute()),
-        )
+        facts = {
+            "path": str(Path(args.mixture).absolute()),
+            "token_count": tokens,
+            "components": [vars(c) for c in report],
+            "steps": int(cumulative.shape[0]),
+            "max_share_gap_rows": gap,
+            "image_exceptions": exceptions,
+            "fill": fill,
+            "picture": str(Path(args.out).absolute()),
+        }
+        emit("pack-report", "ok", **facts)
         return 0
     print(f"mixture         {args.mixture}: {len(report)} components, {tokens:,} real tokens")
     print(

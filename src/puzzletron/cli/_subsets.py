@@ -57,19 +57,23 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# command -> (help, handler)
+_COMMANDS = {
+    "verify": (
+        "check every count and SHA-256 of a snapshot, subset, token or VLM store (exit 1 on a mismatch)",
+        _verify,
+    ),
+    "inspect": (
+        "describe a snapshot, subset, token or VLM store (counts, sources, revisions, images, bytes)",
+        _inspect,
+    ),
+}
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `verify` and `inspect` to the `puzzletron-data` parser."""
-    verify = sub.add_parser(
-        "verify",
-        help="check every count and SHA-256 of a snapshot, subset, token or VLM store (exit 1 on a mismatch)",
-    )
-    verify.add_argument("dir", help=_WHAT)
-    add_json(verify)
-    verify.set_defaults(handler=_verify)
-    inspect = sub.add_parser(
-        "inspect",
-        help="describe a snapshot, subset, token or VLM store (counts, sources, revisions, images, bytes)",
-    )
-    inspect.add_argument("dir", help=_WHAT)
-    add_json(inspect)
-    inspect.set_defaults(handler=_inspect)
+    for command, (help_text, handler) in _COMMANDS.items():
+        parser = sub.add_parser(command, help=help_text)
+        parser.add_argument("dir", help=_WHAT)
+        add_json(parser)
+        parser.set_defaults(handler=handler)

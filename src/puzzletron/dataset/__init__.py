@@ -12,10 +12,10 @@ The packages and which may import which: ``docs/architecture.md``. Import paths 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from puzzletron.dataset import _aliases
+from puzzletron.dataset._checks import lazy_attribute
 
 if TYPE_CHECKING:
     from puzzletron.dataset.batch import DataLayout, Modality, PackedSequenceMetadata, PuzzletronBatch
@@ -96,12 +96,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    owner = _OWNERS.get(name)
-    if owner is None or name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{owner}"), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+    return lazy_attribute(__name__, _OWNERS, name, globals())
 
 
 def __dir__() -> list[str]:

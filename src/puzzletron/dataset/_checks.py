@@ -7,6 +7,7 @@ are never accepted as ints (``True`` is an ``int`` in Python, never a sensible c
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
@@ -16,6 +17,7 @@ __all__ = [
     "coerce_enum",
     "did_you_mean",
     "is_int",
+    "lazy_attribute",
     "plain_mapping",
     "refuse_unknown",
     "require_bool",
@@ -152,3 +154,14 @@ def plain_mapping(raw: Mapping[Any, Any], name: str, *, error: type[Exception]) 
             reason = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise error(f"{name}.{key} cannot be resolved: {reason}") from None
     return out
+
+
+def lazy_attribute(package: str, owners: Mapping[str, str], name: str, namespace: dict[str, Any]) -> Any:
+    """The package attribute `name` imported on first use (PEP 562): ``owners`` maps each lazy name to the
+    submodule (relative to `package`) that defines it; the value is cached in the package's ``namespace``
+    so later lookups skip ``__getattr__``. An unknown name is Python's own `AttributeError`."""
+    if name not in owners:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{package}.{owners[name]}"), name)
+    namespace[name] = value
+    return value

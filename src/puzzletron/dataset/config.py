@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,10 +137,7 @@ class PackingSpec:
         if not isinstance(raw, Mapping):
             raise ConfigError(f"data.packing must be a mapping or null; got {type(raw).__name__}")
         raw = plain_mapping(raw, "data.packing", error=ConfigError)
-        unknown = [str(k) for k in raw if k not in _PACKING_KEYS]
-        if unknown:
-            hints = "; ".join(f"data.packing.{k}{did_you_mean(k, _PACKING_KEYS)}" for k in sorted(unknown))
-            raise ConfigError(f"unknown key(s) in data.packing: {hints}; expected {', '.join(_PACKING_KEYS)}")
+        _refuse_unknown_keys(raw, _PACKING_KEYS, what="key(s) in data.packing", prefix="data.packing.")
         if "pack_size" not in raw:
             raise ConfigError("data.packing.pack_size is required when data.packing is given")
         spec = cls(**{k: raw[k] for k in _PACKING_KEYS if k in raw})
@@ -329,8 +326,15 @@ class TokenizeOptions:
         if not isinstance(raw, Mapping):
             raise ConfigError(f"tokenize options must be a mapping; got {type(raw).__name__}")
         raw = plain_mapping(raw, "options", error=ConfigError)
-        unknown = [str(k) for k in raw if k not in _TOKENIZE_KEYS]
-        if unknown:
-            hints = "; ".join(f"{k}{did_you_mean(k, _TOKENIZE_KEYS)}" for k in sorted(unknown))
-            raise ConfigError(f"unknown tokenize option(s): {hints}; expected {', '.join(_TOKENIZE_KEYS)}")
+        _refuse_unknown_keys(raw, _TOKENIZE_KEYS, what="tokenize option(s)")
         return cls(**raw)
+
+
+def _refuse_unknown_keys(
+    raw: Mapping[str, Any], known: Sequence[str], *, what: str, prefix: str = ""
+) -> None:
+    """A `ConfigError` naming every key of `raw` not in `known`, each with the closest known key."""
+    unknown = [str(k) for k in raw if k not in known]
+    if unknown:
+        hints = "; ".join(f"{prefix}{k}{did_you_mean(k, known)}" for k in sorted(unknown))
+        raise ConfigError(f"unknown {what}: {hints}; expected {', '.join(known)}")

@@ -4,28 +4,7 @@ importer: pixel and frame limits, bytes kept as they came when they decode clean
 
 from __future__ import annotations
 
-from puzzletron.dataset.conversation.normalize import (
-    INTERSYN_MULTI_DATASET,
-    INTERSYN_MULTI_REVISION,
-    INTERSYN_SINGLE_DATASET,
-    INTERSYN_SINGLE_REVISION,
-    NEMOTRON_VLM_DATASET,
-    ROLES,
-    normalize_intersyn_multi,
-    normalize_intersyn_single,
-    normalize_nemotron_vlm_sample,
-    validate_conversation,
-)
+from puzzletron.dataset.conversation import normalize as _normalize
+from puzzletron.dataset.conversation.normalize import *  # noqa: F403 (the names in normalize.__all__)
 
-__all__ = [
-    "INTERSYN_MULTI_DATASET",
-    "INTERSYN_MULTI_REVISION",
-    "INTERSYN_SINGLE_DATASET",
-    "INTERSYN_SINGLE_REVISION",
-    "NEMOTRON_VLM_DATASET",
-    "ROLES",
-    "normalize_intersyn_multi",
-    "normalize_intersyn_single",
-    "normalize_nemotron_vlm_sample",
-    "validate_conversation",
-]
+__all__ = list(_normalize.__all__)

@@ -9,9 +9,9 @@ The sources and the builder are imported on first use (PEP 562), so planning alo
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from puzzletron.dataset._checks import lazy_attribute
 from puzzletron.dataset.errors import PackingError
 from puzzletron.dataset.packing._plan import IndexSequence, PackingPlan, plan_packing
 from puzzletron.dataset.packing._units import Units
@@ -65,8 +65,4 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
+    return lazy_attribute(__name__, _LAZY, name, globals())

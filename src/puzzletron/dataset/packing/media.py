@@ -58,21 +58,19 @@ def _single_rows(
     keep = np.flatnonzero(planned <= width)
     dropped = np.flatnonzero(planned > width)
     cut = (units.length < lengths) if units is not None else np.zeros(0, dtype=bool)
-    order, offsets, row_lengths = (
-        keep.astype(np.int64),
-        np.arange(keep.size + 1, dtype=np.int64),
-        planned[keep],
-    )
-    for a in (order, offsets, row_lengths):
+    rows = {  # one sample a row, in sample order
+        "sample_order": keep.astype(np.int64),
+        "row_offsets": np.arange(keep.size + 1, dtype=np.int64),
+        "row_lengths": planned[keep],
+    }
+    for a in rows.values():
         a.setflags(write=False)
     return PackingPlan(
         pack_size=width,
         capacity=width,
-        sample_order=order,
-        row_offsets=offsets,
-        row_lengths=row_lengths,
+        **rows,
         num_samples=int(lengths.shape[0]),
-        total_tokens=int(row_lengths.sum()),
+        total_tokens=int(rows["row_lengths"].sum()),
         dropped=IndexSequence(dropped),  # an array, not a Python int a dropped sample
         dropped_tokens=int(planned[dropped].sum()),
         seed=seed,

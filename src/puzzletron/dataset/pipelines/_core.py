@@ -193,13 +193,7 @@ def text_component(source: str | Path | Any, how: SourceOptions) -> Component:
             )
         progress = BuildProgress(path, split) if how.report else None
         built = build_token_store(
-            path,
-            tokenizer=tokenizer,
-            cache_dir=cache_dir,
-            split=split,
-            options=options,
-            num_proc=how.num_proc,
-            progress=progress,
+            path, **{**asked, "split": split}, options=options, num_proc=how.num_proc, progress=progress
         )
         if progress is not None:
             progress.finished(built)

@@ -7,8 +7,9 @@ imports, and the adapter without either.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from puzzletron.dataset._checks import lazy_attribute
 
 if TYPE_CHECKING:
     from puzzletron.dataset.clients.automodel.adapter import DocumentMap, batch_from_automodel, document_map
@@ -23,18 +24,6 @@ if TYPE_CHECKING:
         round_robin_order,
     )
 
-_OWNERS = {
-    "DocumentMap": "adapter",
-    "batch_from_automodel": "adapter",
-    "document_map": "adapter",
-    "ChatRows": "llm_factory",
-    "make_puzzletron_chat_dataset": "llm_factory",
-    "resolve_text_spec": "llm_factory",
-    "ConversationDataset": "vlm_factory",
-    "load_materialized_conversation_dataset": "vlm_factory",
-    "round_robin_order": "vlm_factory",
-}
-
 __all__ = [
     "ChatRows",
     "ConversationDataset",
@@ -47,10 +36,19 @@ __all__ = [
     "round_robin_order",
 ]
 
+# name -> the module that defines it
+_OWNERS = {
+    "DocumentMap": "adapter",
+    "batch_from_automodel": "adapter",
+    "document_map": "adapter",
+    "ChatRows": "llm_factory",
+    "make_puzzletron_chat_dataset": "llm_factory",
+    "resolve_text_spec": "llm_factory",
+    "ConversationDataset": "vlm_factory",
+    "load_materialized_conversation_dataset": "vlm_factory",
+    "round_robin_order": "vlm_factory",
+}
+
 
 def __getattr__(name: str) -> Any:
-    if name not in _OWNERS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_OWNERS[name]}"), name)
-    globals()[name] = value
-    return value
+    return lazy_attribute(__name__, _OWNERS, name, globals())
