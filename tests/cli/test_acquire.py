@@ -70,6 +70,29 @@ def test_materialize_nemotron_with_subset_rows(
     assert manifest["acquisition"]["subsets"] == ["sparsetables", "plotqa_cot"]
 
 
+def test_materialize_nemotron_media_shards_holds_the_same_images_as_files(
+    hub_endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = {}
+    for media in ("files", "shards"):
+        argv = ["materialize", "nemotron-vlm", "--output", str(tmp_path / media), "--num-samples", "6"]
+        assert main([*argv, "--quiet", "--media", media]) == 0
+        lines[media] = _json_line(capsys)
+        assert lines[media]["status"] == "done" and lines[media]["media"] == media
+        assert main(["verify", str(tmp_path / media)]) == 0
+        assert capsys.readouterr().out.startswith("OK ")
+    files, shards = (json.loads(Path(lines[m]["manifest"]).read_text()) for m in ("files", "shards"))
+    assert "media" not in files and len(shards["media"]["files"]) >= 1
+    assert not (tmp_path / "shards" / "images").exists()
+    assert [r["sha256"] for r in files["images"]] == [r["sha256"] for r in shards["images"]]
+    assert files["samples"] == shards["samples"]
+    # a complete subset is reused in the layout it has, and says so
+    argv = ["materialize", "nemotron-vlm", "--output", str(tmp_path / "files"), "--num-samples", "6"]
+    assert main([*argv, "--quiet", "--media", "shards"]) == 0
+    again = _json_line(capsys)
+    assert again["status"] == "reused" and again["media"] == "files"
+
+
 def test_materialize_intersyn_with_pinned_fixture_revisions(
     hub_endpoint: str, fixture_hub: FixtureHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

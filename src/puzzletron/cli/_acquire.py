@@ -86,7 +86,7 @@ def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int
     from puzzletron.dataset.errors import PuzzletronDataError
 
     try:
-        call()  # a library error or OSError goes to `puzzletron.cli.main`: ConfigError exits 2, others 1
+        manifest = call()  # a library error or OSError: `puzzletron.cli.main` (ConfigError exits 2, others 1)
     except PuzzletronDataError as exc:
         flagged = _flag_names(str(exc), args)
         if flagged == str(exc):
@@ -100,7 +100,10 @@ def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int
             handler.close()
     # "done" only when this run published the snapshot, whatever was there when it started
     status = "done" if publications(output) > published else "reused"
-    emit(f"materialize {args.dataset}", status, adapter=adapter, **folder_facts(output))
+    facts = folder_facts(output)
+    if hasattr(args, "media"):  # a subset: the layout it has (a reused one keeps its own)
+        facts["media"] = "shards" if isinstance(manifest.get("media"), dict) else "files"
+    emit(f"materialize {args.dataset}", status, adapter=adapter, **facts)
     return 0
 
 
@@ -171,7 +174,7 @@ def _nemotron(args: argparse.Namespace) -> int:
         extra = {"subsets": subsets} if subsets else {}
         sizes = _given(args, "num_samples", "max_shards_per_subset")
         spec = _spec(VlmAcquisitionSpec, args, subset_rows=rows, **sizes, **extra)
-        return materialize_nemotron_vlm_dataset(spec)
+        return materialize_nemotron_vlm_dataset(spec, media=args.media)
 
     return _run(args, NEMOTRON_VLM_ADAPTER, call)
 
@@ -180,7 +183,7 @@ def _intersyn(args: argparse.Namespace) -> int:
     from puzzletron.dataset.sources import INTERSYN_ADAPTER, materialize_intersyn_subset
 
     def call() -> Any:
-        return materialize_intersyn_subset(Path(args.output), **_given(args, *_INTERSYN))
+        return materialize_intersyn_subset(Path(args.output), **_given(args, *_INTERSYN), media=args.media)
 
     return _run(args, INTERSYN_ADAPTER, call)
 
@@ -289,6 +292,15 @@ def _common(parser: argparse.ArgumentParser, dataset: str) -> None:
             "pins, with no request; else main)",
         )
         _flags(parser, dataset, "source")
+    if dataset != "puzzle-kd":  # a conversation subset: its images as files or in media shards
+        parser.add_argument(
+            "--media",
+            choices=("files", "shards"),
+            default="files",
+            help="images as one file each (default) or in media shards of about 128 MiB, what object "
+            "storage and parallel file systems want (docs/media-shard-format.md); a complete subset already "
+            "at --output is reused in the layout it has",
+        )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_json(parser, always=True)
 
