@@ -1,5 +1,5 @@
 """`puzzletron-data tokenize`: one JSON line, done then reused, exit codes 1 and 2, a progress bar only on a
-terminal, and `verify` / `inspect` of the store it wrote."""
+terminal, `verify` / `inspect` of the store it wrote, and a text snapshot at an URL read as its folder."""
 
 from __future__ import annotations
 
@@ -181,3 +181,23 @@ def test_neither_output_nor_cache_dir_builds_in_the_per_user_cache(
     assert line["status"] == "done" and Path(line["path"]).parent == tmp_path / "per-user"
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "reused"
+
+
+def test_tokenize_reads_a_text_snapshot_at_an_url(snapshot, tokenizer_dir, tmp_path, bucket, capsys) -> None:
+    from puzzletron.dataset.storage.objects import Objects
+
+    url = f"{bucket}/snapshots/pk"
+    Objects(url).upload(snapshot)
+    assert main(_args(snapshot, tokenizer_dir, tmp_path / "local", "--split", "validation")) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert main(_args(url, tokenizer_dir, tmp_path / "from-url", "--split", "validation")) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["path"]) == ("done", str(tmp_path / "from-url"))
+    assert line["identity_sha256"] == local["identity_sha256"]  # the store of the same snapshot
+    stores = f"{bucket}/stores/pk"
+    assert main(_args(url, tokenizer_dir, stores, "--split", "validation")) == 0  # URL to URL
+    assert json.loads(capsys.readouterr().out)["identity_sha256"] == local["identity_sha256"]
+    assert main(_args(url, tokenizer_dir, stores, "--split", "validation")) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "reused"
+    assert main(_args(f"{bucket}/nothing", tokenizer_dir, tmp_path / "none")) == 1
+    assert "s3://bkt/nothing/manifest.json: no snapshot there" in capsys.readouterr().err

@@ -373,5 +373,27 @@ def test_two_ranks_read_a_store_at_an_url_as_they_read_it_on_disk(
     assert [p.exitcode for p in ranks] == [0, 0]
     assert {r: got[r][0] for r in (0, 1)} == want == {r: got[r][1] for r in (0, 1)}
     assert want[0] and set(want[0]).isdisjoint(want[1])
-    with pytest.raises(SubsetError, match="not a token store; build_batches reads token stores at URLs"):
+    with pytest.raises(SubsetError, match="not a token store or a text snapshot; build_batches reads those"):
         build_batches(f"{bucket}/nothing", spec=spec, batch_size=2)
+
+
+def test_a_snapshot_at_an_url_gives_the_batches_of_its_folder(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, bucket: str
+) -> None:
+    from puzzletron.dataset.storage.objects import Objects
+
+    url = f"{bucket}/snapshots/pk"
+    Objects(url).upload(snapshot)
+    spec = SPECS["packed"]
+
+    def prints(source, cache_dir) -> list[str]:
+        batches = build_batches(source, tokenizer=tokenizer_dir, spec=spec, batch_size=2, cache_dir=cache_dir)
+        return [batch.fingerprint for batch in batches]
+
+    want = prints(snapshot, tmp_path / "local")
+    assert want and prints(url, tmp_path / "from-url") == want  # a token store built from the node's copy
+    assert prints(url, f"{bucket}/stores") == want  # ... and built at an URL: everything on object storage
+    assert prints(url, None) == want  # tokenised in memory from the copy
+    assert sorted(p.name for p in (tmp_path / "from-url").iterdir()) == sorted(
+        p.name for p in (tmp_path / "local").iterdir()
+    )  # the same identity: the same store name

@@ -1,6 +1,7 @@
 """Building token stores: content-addressed identity, reuse without tokenising, the same bytes for any
 ``num_proc`` and any gloo world size, a build SIGKILLed at several points publishes nothing and its rerun
-completes from the finished shards, and a rank's failure raises on every rank."""
+completes from the finished shards, and a rank's failure raises on every rank; a snapshot at an URL builds
+the store of its folder (a tampered object: nothing)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from transformers import AutoTokenizer
 from _token_store_data import ROWS_PER_SHARD, TRAIN_ROWS
 from puzzletron.dataset import formats
 from puzzletron.dataset.config import TokenizeOptions
-from puzzletron.dataset.errors import ConfigError, ConversationError, SubsetError
+from puzzletron.dataset.errors import ConfigError, ConversationError, SnapshotError, SubsetError
 from puzzletron.dataset.formats.text_snapshot import open_split
 from puzzletron.dataset.formats.token_store import TokenStore
 from puzzletron.dataset.formats.token_store.writer import ShardWriter
+from puzzletron.dataset.storage.objects import Objects
 from puzzletron.dataset.tokenize import _builder, build_token_store, short_hash, store_identity
 from puzzletron.dataset.tokenize import store as build_store
 
@@ -383,3 +385,40 @@ def test_progress_from_worker_processes_adds_up_to_the_split(
     done = [d for d, _ in seen]
     assert seen[0] == (0, TRAIN_ROWS) and seen[-1] == (TRAIN_ROWS, TRAIN_ROWS)
     assert done == sorted(done) and {t for _, t in seen} == {TRAIN_ROWS}
+
+
+# ------------------------------------------------------------------------------------ a snapshot at an URL
+
+
+def test_a_snapshot_at_an_url_builds_the_same_store_as_its_folder(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, bucket: str, reference: bytes
+) -> None:
+    url = f"{bucket}/snapshots/pk"
+    Objects(url).upload(snapshot)
+    cache = tmp_path / "cache"
+    path = _build(url, tokenizer_dir, cache_dir=cache)
+    assert (path / "manifest.json").read_bytes() == reference  # identity and bytes: the folder's
+    assert _build(snapshot, tokenizer_dir, cache_dir=cache) == path  # the same store, reused
+    assert sorted(p.name for p in cache.iterdir()) == [path.name]
+
+
+def test_a_tampered_snapshot_at_an_url_builds_nothing(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, bucket: str
+) -> None:
+    url, arrow = f"{bucket}/snapshots/pk", "validation/data-00000-of-00001.arrow"
+    Objects(url).upload(snapshot)
+    data = bytearray((snapshot / arrow).read_bytes())
+    data[-200] ^= 0x01
+    Objects(url).put_bytes(arrow, bytes(data))
+    with pytest.raises(SnapshotError, match=rf"{url}: {arrow}: SHA-256 differs from the manifest"):
+        _build(url, tokenizer_dir, cache_dir=tmp_path / "cache", split="validation")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_gloo_ranks_build_from_a_snapshot_at_an_url_the_store_of_its_folder(
+    snapshot: Path, tokenizer_dir: Path, tmp_path: Path, bucket: str, reference: bytes
+) -> None:
+    url = f"{bucket}/snapshots/pk"
+    Objects(url).upload(snapshot)
+    ranks = _run_world(2, url, tokenizer_dir, tmp_path / "world2" / "store")  # both ranks copy: one node
+    assert {r["manifest"] for r in ranks} == {hashlib.sha256(reference).hexdigest()}

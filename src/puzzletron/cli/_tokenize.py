@@ -5,7 +5,8 @@ The command dispatches on the source's format: a conversation subset with ``--pr
 processor directory) becomes a VLM store (``docs/vlm-store-format.md``,
 `puzzletron.dataset.tokenize.vlm_store.build_vlm_store`: every sample tokenised with the processor's chat
 template, image placeholders expanded as the processor expands them); anything else is read as a text
-snapshot with ``--tokenizer``, as follows.
+snapshot with ``--tokenizer``, as follows (a text snapshot at an URL is read from its verified local copy in
+the node's object cache, `puzzletron.dataset.formats.local_copy`).
 
 Tokenises one split of a text snapshot with the tokenizer's chat template into a token store
 (``docs/token-store-format.md``, `puzzletron.dataset.tokenize.store.build_token_store`). ``--output`` puts
@@ -173,6 +174,10 @@ def _tokenize(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"{args.snapshot} is not a conversation subset: give --tokenizer DIR for a text snapshot"
         )
+    if is_url(args.snapshot):  # every rank: the node's verified copy (one download a node, under its lock)
+        from puzzletron.dataset.formats.local_copy import local_text_snapshot
+
+        args.snapshot = str(local_text_snapshot(args.snapshot))
     options = TokenizeOptions(messages_field=args.messages_field, id_field=args.id_field or None)
     if args.rows_per_shard is not None:
         options = dataclasses.replace(options, rows_per_shard=args.rows_per_shard)
@@ -214,7 +219,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "snapshot",
         metavar="SOURCE",
-        help="text snapshot (materialize puzzle-kd) or conversation subset (materialize nemotron-vlm)",
+        help="text snapshot (materialize puzzle-kd) or conversation subset (materialize nemotron-vlm); a "
+        "folder or an URL",
     )
     parser.add_argument(
         "--tokenizer", metavar="DIR", help="text snapshot: local tokenizer directory (with a chat template)"

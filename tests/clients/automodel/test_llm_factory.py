@@ -165,3 +165,27 @@ def test_a_wrong_tokenizer_path_for_a_token_store_is_an_error_naming_both(
     with pytest.raises(ConfigError, match="holds split 'train', not the split 'validation' asked for"):
         make_puzzletron_chat_dataset(store, seq_length=96, split="validation")
     assert make_puzzletron_chat_dataset(store, seq_length=96, tokenizer_path=snapshot["tokenizer"])  # its own
+
+
+def test_a_text_snapshot_at_an_url_gives_the_items_of_its_folder(
+    fixture_hub: Any, tokenizer_dir: Path, tmp_path: Path, bucket: str
+) -> None:
+    from _token_store_data import make_snapshot
+    from puzzletron.dataset.storage.objects import Objects
+
+    local = make_snapshot(fixture_hub, tmp_path / "puzzle-kd")
+    url = f"{bucket}/snapshots/pk"
+    Objects(url).upload(local)
+    options = {"tokenizer_path": tokenizer_dir, "seq_length": 4096, "seed": 1, "cache_dir": tmp_path / "c"}
+    from_url = make_puzzletron_chat_dataset(url, **options)
+    from_folder = make_puzzletron_chat_dataset(local, **options)  # reuses the store the URL built
+    assert len(from_url) == len(from_folder) > 0
+
+    def items(rows: Any) -> list[dict[str, Any]]:
+        return [
+            {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in rows[i].items()}
+            for i in range(len(rows))
+        ]
+
+    assert items(from_url) == items(from_folder)
+    assert len(list((tmp_path / "c").iterdir())) == 2  # one store (and its plans)

@@ -83,9 +83,12 @@ def listed_files(
     return dict(found), strict
 
 
-def fetch_listed(url: str, folder: Path, fmt: str, manifest_bytes: bytes, manifest: Any) -> list[str]:
+def fetch_listed(
+    url: str, folder: Path, fmt: str, manifest_bytes: bytes, manifest: Any, *, unexpected: bool = True
+) -> list[str]:
     """Write the manifest and fetch the files it lists into `folder` (created); the problems seen in the
-    listing (unexpected objects, listed objects of another size), each naming its URL."""
+    listing (unexpected objects, listed objects of another size), each naming its URL. ``unexpected=False``
+    (a reader's copy): objects the manifest does not list are passed over unsaid (never fetched either)."""
     objects = Objects(url)
     listing = objects.list()
     files, strict = listed_files(fmt, manifest if isinstance(manifest, Mapping) else {}, listing)
@@ -103,7 +106,7 @@ def fetch_listed(url: str, folder: Path, fmt: str, manifest_bytes: bytes, manife
                             "bound of a file listed without its size")  # fmt: skip
         else:
             wanted[rel] = info.size
-    if strict is not None:
+    if strict is not None and unexpected:
         problems += [
             f"{objects.url_of(rel)}: unexpected object not in the manifest ({listing[rel].size} bytes, not "
             "fetched)"

@@ -27,8 +27,9 @@ from puzzletron.dataset.config import CACHE_DIR_ENV, PuzzletronDataSpec, Tokeniz
 from puzzletron.dataset.distributed import DistributedPackSampler
 from puzzletron.dataset.errors import ConfigError, SnapshotError
 from puzzletron.dataset.formats import MANIFEST, detect
+from puzzletron.dataset.formats.local_copy import local_text_snapshot
 from puzzletron.dataset.formats.subset import SUBSET_FORMAT
-from puzzletron.dataset.formats.text_snapshot import load_text_split
+from puzzletron.dataset.formats.text_snapshot import TEXT_SNAPSHOT_FORMAT, load_text_split
 from puzzletron.dataset.formats.token_store import LENGTHS, TOKEN_STORE_FORMAT, TokenStore
 from puzzletron.dataset.formats.vlm_store import MEDIA_END, TOKENS_MANIFEST, VLM_STORE_FORMAT, VlmStore
 from puzzletron.dataset.packing import PackingPlan, StoreNames, StoreSamples, plan_packing, plan_vlm, row_sums
@@ -168,16 +169,22 @@ def _from_store(store: TokenStore) -> Component:
 
 def text_component(source: str | Path | Any, how: SourceOptions) -> Component:
     """The tokenised samples of ``source``: a token store (given, or built/reused in ``how.cache_dir``),
-    else tokenised in memory; with ``how.report``, logged (`puzzletron.dataset.pipelines._report`)."""
+    else tokenised in memory; with ``how.report``, logged (`puzzletron.dataset.pipelines._report`). A text
+    snapshot at an URL is read from its verified local copy (`formats.local_copy`)."""
     tokenizer, split, cache_dir, options = how.tokenizer, how.split, how.cache_dir, how.options
     asked = {"split": split, "tokenizer": tokenizer, "cache_dir": cache_dir}  # a store must be the call's
     if is_url(source):
-        if not is_token_store(source):
+        fmt = store_format(source)
+        if fmt == TOKEN_STORE_FORMAT:
+            return _from_store(store_for_call(TokenStore(source), **asked))
+        if fmt in (SUBSET_FORMAT, VLM_STORE_FORMAT):
+            raise ConfigError(f"build_batches: {source} is a {fmt}: build_vlm_batches reads it")
+        if fmt != TEXT_SNAPSHOT_FORMAT:
             raise SnapshotError(
-                f"{source}: not a token store; build_batches reads token stores at URLs (build one with "
-                "`puzzletron-data tokenize SNAPSHOT --output URL` or cache_dir=URL)"
+                f"{source}: not a token store or a text snapshot; build_batches reads those at URLs (build a "
+                "store with `puzzletron-data tokenize SNAPSHOT --output URL` or cache_dir=URL)"
             )
-        return _from_store(store_for_call(TokenStore(source), **asked))
+        source = local_text_snapshot(source)  # the verified copy of the node; then as a local folder
     path = Path(source) if isinstance(source, str | Path) else None
     if path is not None and is_token_store(path):
         return _from_store(store_for_call(TokenStore(path), **asked))

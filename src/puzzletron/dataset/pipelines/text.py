@@ -97,7 +97,8 @@ def build_batches(
     `ConfigError` naming both (`puzzletron.dataset.tokenize.matching`).
 
     ``source`` and ``cache_dir`` may be URLs (``s3://bucket/stores/puzzle-kd``): the store is read through
-    the node's object cache (`puzzletron.dataset.storage.remote`; ``docs/object-storage.md``).
+    the node's object cache (`puzzletron.dataset.storage.remote`; ``docs/object-storage.md``); a text
+    snapshot at an URL from the node's verified copy of it (`puzzletron.dataset.formats.local_copy`).
 
     From a token store the packing plan is planned once and memory-mapped by every rank and restart
     (`puzzletron.dataset.packing.plan_cache`): in ``plan_cache``, by default ``cache_dir/.plans``, else

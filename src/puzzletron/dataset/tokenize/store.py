@@ -45,6 +45,7 @@ import numpy as np
 from puzzletron.dataset._checks import require_positive
 from puzzletron.dataset.config import TokenizeOptions
 from puzzletron.dataset.errors import ConfigError
+from puzzletron.dataset.formats.local_copy import snapshot_folder
 from puzzletron.dataset.formats.text_snapshot import TextSplit, open_split
 from puzzletron.dataset.formats.token_store import (
     ShardWriter,
@@ -177,6 +178,10 @@ def build_token_store(
 ) -> Path | str:
     """Build or reuse the token store of `split` of `snapshot` (see the module docstring); its path.
 
+    ``snapshot``: a text snapshot folder, or its URL (``s3://bucket/snapshots/pk``: the files its manifest
+    lists are copied once a node into the object cache and verified before use,
+    `formats.local_copy.local_text_snapshot`; the store's identity is the same as from any local copy).
+
     Exactly one of ``output`` (the store directory) and ``cache_dir`` (a store of this identity anywhere
     under it, else ``cache_dir/<identity hash>``); either may be an URL (``s3://bucket/stores``: the store
     is built on object storage without a shared file system or a lock, `_remote_store`, and its URL is
@@ -192,7 +197,7 @@ def build_token_store(
     batch_size = require_positive(batch_size, "batch_size", error=ConfigError)
     if not isinstance(options, TokenizeOptions):
         raise ConfigError(f"options must be TokenizeOptions, got {type(options).__name__}")
-    text_split = open_split(snapshot, split)
+    text_split = open_split(snapshot_folder(snapshot), split)  # an URL: its verified local copy
     identity = store_identity(text_split, tokenizer=tokenizer, options=options)
     digest = identity_sha256(identity)
     if output is not None:
