@@ -7,6 +7,11 @@ terminal and ``--quiet`` is not given) and prints one JSON line on stdout (with 
     {"command": "materialize puzzle-kd", "status": "done" | "reused", "adapter": ..., "path": DIR,
      "format": ..., "manifest": DIR/manifest.json, "row_count" | "sample_count", "image_count": ...}
 
+``--output`` is a folder or an URL prefix (``s3://bucket/snapshots/pk``): the snapshot is materialised in a
+private scratch folder and published there with its manifest last (`storage.publish`); a rerun of the
+acquisition published there is "reused" from its manifest, with no Hub request; ``path`` and ``manifest``
+are then the URL's.
+
 An error that names a spec field (``max_shards_per_subset``) names its flag (``--max-shards-per-subset``).
 
 Exit codes: 0 done or reused, 1 a data error (Hub unreachable, mismatch with an existing snapshot,
