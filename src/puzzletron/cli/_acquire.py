@@ -7,6 +7,11 @@ terminal and ``--quiet`` is not given) and prints one JSON line on stdout (with 
     {"command": "materialize puzzle-kd", "status": "done" | "reused", "adapter": ..., "path": DIR,
      "format": ..., "manifest": DIR/manifest.json, "row_count" | "sample_count", "image_count": ...}
 
+``--output`` is a folder or an URL prefix (``s3://bucket/snapshots/pk``): the snapshot is materialised in a
+private scratch folder and published there with its manifest last (`storage.publish`); a rerun of the
+acquisition published there is "reused" from its manifest, with no Hub request; ``path`` and ``manifest``
+are then the URL's.
+
 An error that names a spec field (``max_shards_per_subset``) names its flag (``--max-shards-per-subset``).
 
 Exit codes: 0 done or reused, 1 a data error (Hub unreachable, mismatch with an existing snapshot,
@@ -67,12 +72,19 @@ def _show_progress(args: argparse.Namespace) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
-def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int:
+def _run(
+    args: argparse.Namespace, adapter: str, call: Callable[[Path], Any], wanted: Callable[[], Any]
+) -> int:
+    """Materialise with `call(folder)` into ``--output``, or, for an URL, reuse the snapshot published there
+    when its manifest records what `wanted()` (a spec or an acquisition) asks for, else build it in scratch
+    and publish it (`_to_url`); then print the JSON line."""
     from puzzletron.dataset.sources import PROGRESS_LOGGER, hub
     from puzzletron.dataset.storage import publications
+    from puzzletron.dataset.storage.objects import is_url
 
+    url = args.output if is_url(args.output) else None
     output = Path(args.output)
-    published = publications(output)
+    published = 0 if url else publications(output)
     show = _show_progress(args)
     hub.set_progress_bars(show)
     hub.log_through_application()  # each Hub retry said once on stderr, not twice
@@ -85,8 +97,11 @@ def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int
         logger.propagate = False  # progress records feed the bars only, never the log
     from puzzletron.dataset.errors import PuzzletronDataError
 
-    try:
-        manifest = call()  # a library error or OSError: `puzzletron.cli.main` (ConfigError exits 2, others 1)
+    try:  # a library error or OSError: `puzzletron.cli.main` (ConfigError exits 2, others 1)
+        if url is not None:
+            manifest, done = _to_url(url, args, call, wanted)
+        else:
+            manifest = call(output)
     except PuzzletronDataError as exc:
         flagged = _flag_names(str(exc), args)
         if flagged == str(exc):
@@ -99,12 +114,45 @@ def _run(args: argparse.Namespace, adapter: str, call: Callable[[], Any]) -> int
             logger.propagate = old_propagate
             handler.close()
     # "done" only when this run published the snapshot, whatever was there when it started
-    status = "done" if publications(output) > published else "reused"
-    facts = folder_facts(output)
+    if url is None:
+        done = publications(output) > published
+    status = "done" if done else "reused"
+    facts = folder_facts(url or output)
     if hasattr(args, "media"):  # a subset: the layout it has (a reused one keeps its own)
         facts["media"] = "shards" if isinstance(manifest.get("media"), dict) else "files"
     emit(f"materialize {args.dataset}", status, adapter=adapter, **facts)
     return 0
+
+
+def _to_url(
+    url: str, args: argparse.Namespace, call: Callable[[Path], Any], wanted: Callable[[], Any]
+) -> tuple[dict[str, Any], bool]:
+    """``(manifest, done)`` of the snapshot at `url`: the published one when it is what `wanted()` asks for
+    (no Hub request unless a revision must be resolved), else one materialised by `call` into a private
+    scratch folder of the node's object cache (``builds/``, removed after) and published there
+    (`storage.publish`: the manifest last)."""
+    import secrets
+
+    from puzzletron.dataset.formats.manifest import canonical_sha256
+    from puzzletron.dataset.sources.published import check_published, published_snapshot
+    from puzzletron.dataset.storage.object_cache import ObjectCache
+    from puzzletron.dataset.storage.publish import publish_folder
+    from puzzletron.dataset.storage.scratch import private_scratch
+
+    there = published_snapshot(url)
+    if there is not None:
+        check_published(url, there, wanted())
+        return there, False
+    what = "text snapshot" if args.dataset == "puzzle-kd" else "conversation subset"
+    token = secrets.token_hex(8)
+    with private_scratch(ObjectCache.default().root / "builds" / f"materialize-{token}") as scratch:
+        folder = scratch / "snapshot"
+        manifest = call(folder)
+        digest = canonical_sha256(manifest.get("acquisition"))
+        done = publish_folder(folder, url, digest=digest, what=what)
+    if not done:  # published by another meanwhile: that one is what the URL holds
+        manifest = published_snapshot(url) or manifest
+    return manifest, done
 
 
 def _flag_names(message: str, args: argparse.Namespace) -> str:
@@ -126,10 +174,17 @@ def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
-def _spec(spec_cls: type, args: argparse.Namespace, **fields_: Any) -> Any:
-    """A spec from the flags every materialiser has, plus `fields_`."""
+def _spec(spec_cls: type, args: argparse.Namespace, output: Path, **fields_: Any) -> Any:
+    """A spec writing to `output` from the flags every materialiser has, plus `fields_`."""
     common = _given(args, "seed", "revision", "source")
-    return spec_cls(output_dir=Path(args.output), **common, **fields_)
+    return spec_cls(output_dir=output, **common, **fields_)
+
+
+def _placeholder(args: argparse.Namespace) -> Path:
+    """The output a spec is checked with when ``--output`` is an URL (its identity has no output)."""
+    from puzzletron.dataset.storage.objects import url_name
+
+    return Path(url_name(args.output) or "snapshot")
 
 
 def _puzzle_kd(args: argparse.Namespace) -> int:
@@ -139,11 +194,14 @@ def _puzzle_kd(args: argparse.Namespace) -> int:
         materialize_puzzle_kd_dataset,
     )
 
-    def call() -> Any:
-        sizes = _given(args, "train_samples", "validation_samples")
-        return materialize_puzzle_kd_dataset(_spec(TextAcquisitionSpec, args, **sizes))
+    sizes = _given(args, "train_samples", "validation_samples")
 
-    return _run(args, PUZZLE_KD_ADAPTER, call)
+    def call(output: Path) -> Any:
+        return materialize_puzzle_kd_dataset(_spec(TextAcquisitionSpec, args, output, **sizes))
+
+    return _run(
+        args, PUZZLE_KD_ADAPTER, call, lambda: _spec(TextAcquisitionSpec, args, _placeholder(args), **sizes)
+    )
 
 
 def _subset_rows(values: list[str] | None) -> tuple[tuple[str, int], ...]:
@@ -170,22 +228,25 @@ def _nemotron(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     subsets = tuple(args.subset) if args.subset else tuple(name for name, _ in rows)
 
-    def call() -> Any:
-        extra = {"subsets": subsets} if subsets else {}
-        sizes = _given(args, "num_samples", "max_shards_per_subset")
-        spec = _spec(VlmAcquisitionSpec, args, subset_rows=rows, **sizes, **extra)
-        return materialize_nemotron_vlm_dataset(spec, media=args.media)
+    extra = {"subsets": subsets} if subsets else {}
+    sizes = _given(args, "num_samples", "max_shards_per_subset")
 
-    return _run(args, NEMOTRON_VLM_ADAPTER, call)
+    def spec(output: Path) -> Any:
+        return _spec(VlmAcquisitionSpec, args, output, subset_rows=rows, **sizes, **extra)
+
+    def call(output: Path) -> Any:
+        return materialize_nemotron_vlm_dataset(spec(output), media=args.media)
+
+    return _run(args, NEMOTRON_VLM_ADAPTER, call, lambda: spec(_placeholder(args)))
 
 
 def _intersyn(args: argparse.Namespace) -> int:
-    from puzzletron.dataset.sources import INTERSYN_ADAPTER, materialize_intersyn_subset
+    from puzzletron.dataset.sources import INTERSYN_ADAPTER, intersyn_acquisition, materialize_intersyn_subset
 
-    def call() -> Any:
-        return materialize_intersyn_subset(Path(args.output), **_given(args, *_INTERSYN), media=args.media)
+    def call(output: Path) -> Any:
+        return materialize_intersyn_subset(output, **_given(args, *_INTERSYN), media=args.media)
 
-    return _run(args, INTERSYN_ADAPTER, call)
+    return _run(args, INTERSYN_ADAPTER, call, lambda: intersyn_acquisition(**_given(args, *_INTERSYN)))
 
 
 def _hub_fixtures(args: argparse.Namespace) -> int:
@@ -282,7 +343,12 @@ def _flags(parser: argparse.ArgumentParser, dataset: str, *names: str) -> None:
 
 def _common(parser: argparse.ArgumentParser, dataset: str) -> None:
     """The flags every materialiser has; with a spec (not InterSyn), also its seed, revision and source."""
-    parser.add_argument("--output", required=True, help="snapshot directory (created atomically)")
+    parser.add_argument(
+        "--output",
+        required=True,
+        help="snapshot directory (created atomically), or an URL prefix (s3://bucket/prefix: built in a "
+        "local scratch folder, then published there with its manifest last)",
+    )
     if dataset != "intersyn":
         _flags(parser, dataset, "seed")
         parser.add_argument(

@@ -319,7 +319,9 @@ def _get(value: Any, key: str) -> Any:
     return value.get(key) if isinstance(value, Mapping) else None
 
 
-def acquisition_mismatch(where: Path, recorded: Any, wanted: Any, keys: Collection[str]) -> SnapshotError:
+def acquisition_mismatch(
+    where: Path | str, recorded: Any, wanted: Any, keys: Collection[str]
+) -> SnapshotError:
     """The error for a snapshot at `where` recorded with another acquisition than the one requested."""
     if keys:
         detail = ", ".join(
@@ -333,7 +335,7 @@ def acquisition_mismatch(where: Path, recorded: Any, wanted: Any, keys: Collecti
     )
 
 
-def require_same_acquisition(where: Path, recorded: Any, wanted: Any) -> None:
+def require_same_acquisition(where: Path | str, recorded: Any, wanted: Any) -> None:
     """Raise `acquisition_mismatch` unless the recorded acquisition equals the requested one."""
     if recorded != wanted:
         raise acquisition_mismatch(where, recorded, wanted, differing_keys(recorded, wanted))

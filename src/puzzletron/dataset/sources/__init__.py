@@ -13,7 +13,8 @@ Three materialisers, one protocol (``docs/acquisition.md``; the Hub layouts they
    nothing at ``output_dir``.
 
 Modules: `specs` (what to acquire), `quotas` (Nemotron-VLM's row split), `puzzle_kd`, `nemotron_vlm`,
-`intersyn` (one per source), `_sources` (what they share), `_hub` (the only module that talks to the Hub).
+`intersyn` (one per source), `published` (reuse of a snapshot at an URL), `_sources` (what they share),
+`_hub` (the only module that talks to the Hub).
 The snapshots are `puzzletron.dataset.formats`: a text snapshot (Puzzle-KD) and conversation subsets.
 
 Quotas (Nemotron-VLM) are a pure largest-remainder split of the sample count over the subset weights:
@@ -30,7 +31,11 @@ from puzzletron.dataset.conversation import INTERSYN_SINGLE_DATASET as INTERSYN_
 from puzzletron.dataset.formats.manifest import MANIFEST as MANIFEST_NAME
 from puzzletron.dataset.formats.text_snapshot import verify_text_snapshot
 from puzzletron.dataset.sources._common import PROGRESS_LOGGER, RejectedRow
-from puzzletron.dataset.sources.intersyn import INTERSYN_ADAPTER, materialize_intersyn_subset
+from puzzletron.dataset.sources.intersyn import (
+    INTERSYN_ADAPTER,
+    intersyn_acquisition,
+    materialize_intersyn_subset,
+)
 from puzzletron.dataset.sources.nemotron_vlm import hub_vlm_rows, materialize_nemotron_vlm_dataset
 from puzzletron.dataset.sources.puzzle_kd import materialize_puzzle_kd_dataset
 from puzzletron.dataset.sources.quotas import largest_remainder_quotas, redistribute_deficit
@@ -57,6 +62,7 @@ __all__ = [
     "TextAcquisitionSpec",
     "VlmAcquisitionSpec",
     "hub_vlm_rows",
+    "intersyn_acquisition",
     "largest_remainder_quotas",
     "materialize_intersyn_subset",
     "materialize_nemotron_vlm_dataset",

@@ -81,7 +81,7 @@ def parquet_shards(source: str, revision: str, split: str) -> list[str]:
 
 
 def check_reusable(
-    recorded: Any, spec: Any, revision_resolver: Callable[[str, str | None], str], where: Path
+    recorded: Any, spec: Any, revision_resolver: Callable[[str, str | None], str], where: Path | str
 ) -> None:
     """Raise unless the snapshot at `where`, recorded with the acquisition `recorded`, is what `spec` asks
     for. With ``spec.revision`` None the pinned revision is kept (no network); otherwise it is resolved

@@ -26,7 +26,7 @@ from puzzletron.dataset.sources import hub as _hub
 from puzzletron.dataset.sources._common import RejectedRow, parquet_shards, progress, screen
 from puzzletron.dataset.sources.specs import output_path
 
-__all__ = ["INTERSYN_ADAPTER", "materialize_intersyn_subset"]
+__all__ = ["INTERSYN_ADAPTER", "intersyn_acquisition", "materialize_intersyn_subset"]
 
 INTERSYN_ADAPTER = "intersyn_v1"
 
@@ -82,6 +82,28 @@ def _intersyn_samples(
             )
 
 
+def intersyn_acquisition(
+    *,
+    rows_per_source: int = 8,
+    single_turn_source: str = INTERSYN_SINGLE_SOURCE,
+    single_turn_revision: str = INTERSYN_SINGLE_REVISION,
+    multi_turn_source: str = INTERSYN_MULTI_SOURCE,
+    multi_turn_revision: str = INTERSYN_MULTI_REVISION,
+) -> dict[str, Any]:
+    """The ``acquisition`` an InterSyn subset of these arguments records (what its reuse compares whole)."""
+    rows_per_source = require_int(
+        rows_per_source, "materialize_intersyn_subset.rows_per_source", minimum=1, error=ConfigError
+    )
+    return {
+        "adapter": INTERSYN_ADAPTER,
+        "rows_per_source": rows_per_source,
+        "sources": [
+            {"dataset": single_turn_source, "split": "train", "revision": single_turn_revision},
+            {"dataset": multi_turn_source, "split": "multi", "revision": multi_turn_revision},
+        ],
+    }
+
+
 def materialize_intersyn_subset(
     output_dir: str | Path,
     *,
@@ -110,11 +132,13 @@ def materialize_intersyn_subset(
         (single_turn_source, "train", single_turn_revision, normalize_intersyn_single),
         (multi_turn_source, "multi", multi_turn_revision, normalize_intersyn_multi),
     ]
-    acquisition = {
-        "adapter": INTERSYN_ADAPTER,
-        "rows_per_source": rows_per_source,
-        "sources": [{"dataset": s, "split": sp, "revision": r} for s, sp, r, _ in sources],
-    }
+    acquisition = intersyn_acquisition(
+        rows_per_source=rows_per_source,
+        single_turn_source=single_turn_source,
+        single_turn_revision=single_turn_revision,
+        multi_turn_source=multi_turn_source,
+        multi_turn_revision=multi_turn_revision,
+    )
     diagnostics: dict[str, Any] = {
         "rejected_rows": [],
         "materialized_rows": {s: 0 for s, *_ in sources},

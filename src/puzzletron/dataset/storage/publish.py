@@ -1,0 +1,99 @@
+"""A finished local snapshot (a folder with its manifest) published at an URL prefix, complete or not at all.
+
+    publish_folder(folder, "s3://b/snapshots/pk", digest=identity_sha256, what="text snapshot")
+
+Object storage has no rename, so the manifest is the publication: the prefix is claimed for the snapshot's
+identity (`claims.take_claim`: a publish of another identity is refused before anything is written), every
+other file is uploaded, and the manifest is written last, once (`Objects.create_once`, ``If-None-Match:
+*``). A reader that finds the manifest finds every file it lists; a publish killed or failed before it leaves
+no manifest, and its rerun uploads again. A prefix that already holds the same manifest bytes is reused
+(nothing uploaded); one whose manifest records another ``acquisition`` is refused, naming both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from puzzletron.dataset.errors import SnapshotError
+from puzzletron.dataset.storage.claims import release_claim, take_claim
+from puzzletron.dataset.storage.objects import Objects
+
+__all__ = ["MAX_PUBLISHED_MANIFEST_BYTES", "publish_folder", "published_manifest"]
+
+MAX_PUBLISHED_MANIFEST_BYTES = 1 << 30  # a subset's manifest: ~200 bytes an image
+_MANIFEST = "manifest.json"
+
+
+def published_manifest(url: str, *, manifest: str = _MANIFEST) -> bytes | None:
+    """The bytes of the manifest at `url`, None when there is none (nothing is published there); one over
+    `MAX_PUBLISHED_MANIFEST_BYTES` is refused from its listed size before a byte is fetched."""
+    objects = Objects(url)
+    info = objects.info(manifest)
+    if info is None:
+        return None
+    if info.size > MAX_PUBLISHED_MANIFEST_BYTES:
+        raise SnapshotError(f"{objects.url_of(manifest)} has {info.size} bytes; a manifest has at most "
+                            f"{MAX_PUBLISHED_MANIFEST_BYTES}")  # fmt: skip
+    return objects.get(manifest)
+
+
+def _acquisition(data: bytes, where: str) -> Any:
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise SnapshotError(f"{where}: not a JSON manifest ({exc})") from None
+    return value.get("acquisition") if isinstance(value, dict) else None
+
+
+def _check_same(url: str, there: bytes, mine: bytes, what: str, manifest: str) -> None:
+    """Refuse when the manifest `there` at `url` is another snapshot than `mine` (another acquisition)."""
+    if there == mine:
+        return
+    where = f"{url.rstrip('/')}/{manifest}"
+    theirs, ours = _acquisition(there, where), _acquisition(mine, "the local manifest")
+    if theirs != ours or theirs is None:
+        raise SnapshotError(
+            f"{url}: another {what} is published here (acquisition {json.dumps(theirs, sort_keys=True)}); "
+            f"this one is acquisition {json.dumps(ours, sort_keys=True)}. A prefix holds one {what}: choose "
+            "another output, or remove the published one first"
+        )
+
+
+def publish_folder(
+    folder: str | os.PathLike[str], url: str, *, digest: str, what: str, manifest: str = _MANIFEST
+) -> bool:
+    """Publish the snapshot in the local `folder` at the prefix `url`: True when this call wrote its manifest,
+    False when the same snapshot was there already (the same manifest bytes, or another manifest of the same
+    acquisition: the first published stands). `digest` is the snapshot's identity hash, the claim's.
+    `SnapshotError` when another snapshot (or a publish of another identity) holds the prefix."""
+    local = Path(folder, manifest)
+    try:
+        mine = local.read_bytes()
+    except OSError as exc:
+        raise SnapshotError(f"{folder}: no {manifest} to publish ({exc})") from None
+    there = published_manifest(url, manifest=manifest)
+    if there is not None:
+        _check_same(url, there, mine, what, manifest)
+        return False
+    owner = secrets.token_hex(8)
+    take_claim(url, digest, owner, what=what)
+    try:
+        there = published_manifest(url, manifest=manifest)  # published by another while we claimed
+        if there is None:
+            objects = Objects(url)
+            objects.upload(folder, last=manifest)
+            if not objects.create_once(manifest, mine):
+                there = published_manifest(url, manifest=manifest)
+                if there is None:
+                    raise SnapshotError(f"{objects.url_of(manifest)}: written by another and then removed")
+        if there is not None:
+            _check_same(url, there, mine, what, manifest)
+    except BaseException:  # a clean failure leaves the claim of a live publish it joined alone
+        release_claim(url, digest, owner=owner)
+        raise
+    release_claim(url, digest)  # the manifest says what the prefix holds from now on
+    return there is None
