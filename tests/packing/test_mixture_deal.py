@@ -137,3 +137,39 @@ def test_a_resume_that_finds_the_images_behind_catches_up_a_step_at_a_time() -> 
     second = step_cursors(queues, dp_size=1, batch_size=1, start=tuple(first[8]))
     taken = np.diff(second, axis=0)
     assert (taken >= 0).all() and (taken.sum(axis=1) == 1).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    dp=st.integers(1, 8),
+    bs=st.integers(1, 3),
+    share=st.floats(0.0, 1.0),
+    cut=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**16),
+)
+def test_a_resume_at_the_same_dp_size_continues_the_same_deal(n, dp, bs, share, cut, seed) -> None:
+    order, image = _stream(seed, n, share)
+    queues = row_queues(order, image)
+    first = step_cursors(queues, dp_size=dp, batch_size=bs)
+    k = int(cut * (first.shape[0] - 1))
+    again = step_cursors(queues, dp_size=dp, batch_size=bs, start=tuple(first[k]))
+    assert again.tolist() == first[k:].tolist()
+
+
+def test_the_last_image_rows_join_the_step_before_when_it_has_room() -> None:
+    """dp 4: 4 image rows early in the stream, one more near its end; alone, the last would be a step with
+    an image on one rank of four. With 2 rows a rank it joins the step that took the first four (then 5
+    image rows and 3 text rows); with 1 row a rank there is no room and it stays the one exception."""
+    image = np.zeros(40, dtype=np.int64)
+    image[[0, 2, 4, 6, 33]] = 100
+    queues = row_queues(np.arange(40), image)
+    two = step_cursors(queues, dp_size=4, batch_size=2)
+    assert two.tolist() == [[0, 0], [5, 3], [5, 11], [5, 19], [5, 27], [5, 35]]
+    assert image_exceptions(two, 4) == 0
+    rows = _deal(queues, two, 4, 2)
+    held = (image[np.maximum(rows, 0)] > 0).any(axis=2)  # [steps, ranks]
+    assert held[0].all() and not held[1:].any()
+    assert sorted(rows[rows >= 0].tolist()) == list(range(40))
+    one = step_cursors(queues, dp_size=4, batch_size=1)
+    assert image_exceptions(one, 4) == 1

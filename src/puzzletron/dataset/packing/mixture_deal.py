@@ -8,7 +8,8 @@ image tokens inside blocks of a tenth of it at most, so neighbours carry alike l
 batch_size`` rows takes the next ``a`` image rows and the next ``G - a`` text rows, ``a`` a multiple of
 ``dp_size`` (`step_cursors`): as many image rows as the stream holds by the step's end, rounded to the nearest
 multiple, so every rank of a step gets an image row, or none does, and the image rows lag or lead the stream
-by less than ``dp_size / 2`` rows::
+by less than ``dp_size / 2`` rows. Where a queue runs out (the epoch's last image rows, fewer than the ranks)
+they join the step before that took images when it has room (``batch_size >= 2``)::
 
     dp 2, batch 2, stream  t t I t t I I t I t t t      (I: a row holding images)
     step 0: images in the first 4 rows: 1 -> a = 2     rows I I t t   rank 0: I t   rank 1: I t
@@ -117,7 +118,29 @@ def step_cursors(
     images = np.minimum(images, i0 + g * np.arange(1, ends.shape[0] + 1))
     images = np.maximum(np.minimum(images, m), ends - t)  # a queue that runs out: take from the other
     images = np.maximum.accumulate(np.concatenate([[i0], images]))
-    return np.stack([images, np.concatenate([[n0], ends]) - images], axis=1)
+    totals = np.concatenate([[n0], ends])
+    images = _merge_short_image_steps(images, totals, d)
+    return np.stack([images, totals - images], axis=1)
+
+
+def _merge_short_image_steps(images: np.ndarray, totals: np.ndarray, dp_size: int) -> np.ndarray:
+    """``images`` (``[S + 1]`` image rows taken after each step) with every step that takes fewer image rows
+    than ranks (where a queue runs out: the epoch's last image rows) merged into the step before that took
+    images, when that step has room for them (``batch_size >= 2``): it then holds at least ``dp_size`` image
+    rows, so every rank an image, and the steps between take text rows only. Steps are full before the last,
+    and the few short steps are visited one by one (not a per-step loop)."""
+    images = images.copy()
+    taken, rows = np.diff(images), np.diff(totals)
+    for k in np.flatnonzero((taken > 0) & (taken < np.minimum(rows, dp_size))):
+        earlier = np.flatnonzero(taken[:k] > 0)
+        if earlier.size == 0:
+            continue
+        j = int(earlier[-1])
+        if taken[j] + taken[k] > rows[j]:
+            continue  # one row a rank: no room; the step stays an exception (counted in the plan)
+        images[j + 1 : k + 1] = images[k + 1]
+        taken[j], taken[j + 1 : k + 1] = taken[j] + taken[k], 0
+    return images
 
 
 def image_exceptions(cursors: np.ndarray, dp_size: int) -> int:

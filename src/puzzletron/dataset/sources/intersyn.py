@@ -124,21 +124,18 @@ def materialize_intersyn_subset(
     ``ValueError``), raised before any request. `dataset_loader(source, *, split, revision)` may replace
     the Hub reader. ``media="shards"`` writes the images into media shards (``docs/media-shard-format.md``).
     """
-    rows_per_source = require_int(
-        rows_per_source, "materialize_intersyn_subset.rows_per_source", minimum=1, error=ConfigError
-    )
     output_dir = output_path(output_dir, "materialize_intersyn_subset.output_dir")
-    sources: list[_Source] = [
-        (single_turn_source, "train", single_turn_revision, normalize_intersyn_single),
-        (multi_turn_source, "multi", multi_turn_revision, normalize_intersyn_multi),
-    ]
     acquisition = intersyn_acquisition(
-        rows_per_source=rows_per_source,
-        single_turn_source=single_turn_source,
-        single_turn_revision=single_turn_revision,
-        multi_turn_source=multi_turn_source,
+        rows_per_source=rows_per_source, single_turn_source=single_turn_source,
+        single_turn_revision=single_turn_revision, multi_turn_source=multi_turn_source,
         multi_turn_revision=multi_turn_revision,
-    )
+    )  # fmt: skip
+    rows_per_source = acquisition["rows_per_source"]  # checked there
+    normalizers = (normalize_intersyn_single, normalize_intersyn_multi)
+    sources: list[_Source] = [
+        (s["dataset"], s["split"], s["revision"], normalize)
+        for s, normalize in zip(acquisition["sources"], normalizers, strict=True)
+    ]
     diagnostics: dict[str, Any] = {
         "rejected_rows": [],
         "materialized_rows": {s: 0 for s, *_ in sources},
