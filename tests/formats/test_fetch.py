@@ -16,23 +16,6 @@ JUNK = 3 << 20  # stands for the 300 MiB object of the report: never fetched, wh
 
 
 @pytest.fixture
-def fetched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Every object read whole or downloaded through s3fs, as ``(call, path)``."""
-    import s3fs
-
-    calls: list[tuple[str, str]] = []
-    for name in ("_get_file", "_cat_file"):
-        real = getattr(s3fs.S3FileSystem, name)
-
-        async def counted(self, path, *args, _real=real, _name=name, **kwargs):
-            calls.append((_name, str(path)))
-            return await _real(self, path, *args, **kwargs)
-
-        monkeypatch.setattr(s3fs.S3FileSystem, name, counted)
-    return calls
-
-
-@pytest.fixture
 def subset(tmp_path: Path) -> Path:
     return make_subset(tmp_path / "subset", 6)
 

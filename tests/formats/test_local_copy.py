@@ -23,23 +23,6 @@ ARROW = "train/data-00000-of-00001.arrow"
 
 
 @pytest.fixture
-def fetched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Every object read whole or downloaded through s3fs, as ``(call, path)``."""
-    import s3fs
-
-    calls: list[tuple[str, str]] = []
-    for name in ("_get_file", "_cat_file"):
-        real = getattr(s3fs.S3FileSystem, name)
-
-        async def counted(self, path, *args, _real=real, _name=name, **kwargs):
-            calls.append((_name, str(path)))
-            return await _real(self, path, *args, **kwargs)
-
-        monkeypatch.setattr(s3fs.S3FileSystem, name, counted)
-    return calls
-
-
-@pytest.fixture
 def url(snapshot: Path, bucket: str) -> str:
     """The fixture text snapshot uploaded to ``s3://bkt/snapshots/pk``."""
     url = f"{bucket}/snapshots/pk"
