@@ -124,13 +124,13 @@ def materialize_intersyn_subset(
     ``ValueError``), raised before any request. `dataset_loader(source, *, split, revision)` may replace
     the Hub reader. ``media="shards"`` writes the images into media shards (``docs/media-shard-format.md``).
     """
-    output_dir = output_path(output_dir, "materialize_intersyn_subset.output_dir")
     acquisition = intersyn_acquisition(
         rows_per_source=rows_per_source, single_turn_source=single_turn_source,
         single_turn_revision=single_turn_revision, multi_turn_source=multi_turn_source,
         multi_turn_revision=multi_turn_revision,
     )  # fmt: skip
     rows_per_source = acquisition["rows_per_source"]  # checked there
+    output_dir = output_path(output_dir, "materialize_intersyn_subset.output_dir")
     normalizers = (normalize_intersyn_single, normalize_intersyn_multi)
     sources: list[_Source] = [
         (s["dataset"], s["split"], s["revision"], normalize)
