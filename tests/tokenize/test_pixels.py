@@ -13,7 +13,12 @@ import torch
 from _conversation_samples import pil_image
 from _vlm_reference import LOADERS
 from puzzletron.dataset.tokenize import vlm_processor
-from puzzletron.dataset.tokenize._pixels import fast_pixels, normalize_pixels, pixel_normalization
+from puzzletron.dataset.tokenize._pixels import (
+    fast_pixels,
+    normalize_pixels,
+    pixel_normalization,
+    resized_patches,
+)
 
 SIZES = [(20, 20), (56, 56), (57, 300), (300, 57), (448, 448), (640, 480), (1000, 30), (3, 90), (129, 131)]
 
@@ -50,7 +55,7 @@ def test_another_processor_or_image_mode_falls_back(processor_dirs: dict[str, Pa
 
 
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
-def test_uint8_pixels_are_the_resized_values_and_normalise_to_the_processor_output(
+def test_uint8_pixels_and_decoded_images_resized_on_device_normalise_to_the_processor_output(
     kind: str, processor_dirs: dict[str, Path]
 ) -> None:
     processor = LOADERS[kind](processor_dirs[kind])
@@ -66,6 +71,14 @@ def test_uint8_pixels_are_the_resized_values_and_normalise_to_the_processor_outp
     assert normalised.dtype == torch.float32 and (normalised - want).abs().max() <= 1e-6
     assert torch.equal(normalised, want)  # in fact bit for bit
     assert torch.equal(normalize_pixels(got, norm, torch.bfloat16), want.to(torch.bfloat16))
+    # the same from the decoded images, resized where they are (Pillow's fixed point in torch)
+    decoded = [torch.from_numpy(np.asarray(image).copy()) for image in images]
+    g = parts.grid
+    on_device = resized_patches(
+        decoded, grid, patch_size=g.patch_size, merge_size=g.merge_size,
+        temporal_patch_size=g.temporal_patch_size,
+    )  # fmt: skip
+    assert on_device.dtype == torch.uint8 and torch.equal(normalize_pixels(on_device, norm), want)
 
 
 def test_uint8_pixels_of_another_processor_come_from_the_processor_unnormalised(

@@ -18,6 +18,11 @@ float32's bytes; `pixel_normalization` is what turns them into the processor's o
 `normalize_pixels` does it wherever the tensor is (on the accelerator after ``.to(device)``: the table of
 ``[3, 256]`` float32 values built there by the same float64 rescale and float32 normalise, then one
 gather), so its result is the processor's float32 output bit for bit.
+
+`resized_patches` is the step before that, on the device too: decoded uint8 images (``[H, W, 3]``, as
+``np.asarray`` of the RGB PIL image) resized by `tokenize._resize.resize_rgb` (Pillow's bicubic in fixed
+point, bit for bit) and patchified into the uint8 patches above, so neither the resize nor the normalise
+needs a worker's CPU; the building block of a decoded-image transport (not yet offered by the pipelines).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["fast_pixels", "normalize_pixels", "normalized_pixels", "pixel_normalization"]
+__all__ = ["fast_pixels", "normalize_pixels", "normalized_pixels", "pixel_normalization", "resized_patches"]
 
 _BICUBIC = 3  # PIL.Image.Resampling.BICUBIC
 _TABLES: dict[tuple[Any, ...], np.ndarray] = {}
@@ -133,3 +138,33 @@ def fast_pixels(
         start += n
     tensor = torch.from_numpy(flat)
     return tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor
+
+
+def resized_patches(
+    images: list[torch.Tensor],
+    grid: np.ndarray,
+    *,
+    patch_size: int,
+    merge_size: int,
+    temporal_patch_size: int,
+) -> torch.Tensor:
+    """uint8 patches ``[sum(h * w), 3 * T * P * P]`` of decoded RGB images (uint8 ``[H, W, 3]`` each, on any
+    device) whose grids ``[m, 3]`` (host, from their sizes: `GridConfig.grids`) are `grid`: each resized to
+    ``(w * P, h * P)`` as Pillow's bicubic resizes it (`tokenize._resize.resize_rgb`) and patchified in the
+    processor's order, on the images' device. `normalize_pixels` of the result is the image processor's
+    ``pixel_values`` bit for bit."""
+    from puzzletron.dataset.tokenize._resize import resize_rgb
+
+    p, m, t = patch_size, merge_size, temporal_patch_size
+    parts = []
+    for image, (_, gh, gw) in zip(
+        images, np.asarray(grid, dtype=np.int64).reshape(-1, 3).tolist(), strict=True
+    ):
+        resized = resize_rgb(image, gw * p, gh * p)
+        # (gh/m, gw/m, m, m, C, p, p): patchify's order
+        blocks = resized.reshape(gh // m, m, p, gw // m, m, p, 3).permute(0, 3, 1, 4, 6, 2, 5)
+        values = blocks.reshape(gh * gw, 3, 1, p * p).expand(gh * gw, 3, t, p * p)  # the frame T times
+        parts.append(values.reshape(gh * gw, 3 * t * p * p))
+    if not parts:
+        return torch.zeros(0, 3 * t * p * p, dtype=torch.uint8)
+    return torch.cat(parts)
