@@ -21,7 +21,7 @@ an 8-bit image in two separable passes, horizontal then vertical, each a fixed-p
 `axis_taps` computes the coefficients on the host (float64 numpy, the C code's operations in its order: a
 few KiB an image); `resize_rgb` applies them to a ``[H, W, 3]`` uint8 tensor on its device, one gather and
 multiply-add per tap (``K`` = 5 to ~9 taps at the processor's scales), no host sync. Tests compare it with
-``PIL.Image.resize`` on every size pair drawn.
+``PIL.Image.resize`` on every size pair drawn. The rules: ``docs/bit-exact-pixels.md``.
 """
 
 from __future__ import annotations
