@@ -32,11 +32,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from puzzletron.dataset.tokenize._resize import resize_rgb
+
 __all__ = ["fast_pixels", "normalize_pixels", "normalized_pixels", "pixel_normalization", "resized_patches"]
 
 _BICUBIC = 3  # PIL.Image.Resampling.BICUBIC
 _TABLES: dict[tuple[Any, ...], np.ndarray] = {}
 _CHANNEL_BASE = np.array([0, 256, 512], dtype=np.uint16)[None, :, None, None]
+# [gh/m, m, p, gw/m, m, p, C] -> (gh/m, gw/m, m, m, C, p, p): patchify's order (numpy and torch alike)
+_PATCH_ORDER = (0, 3, 1, 4, 6, 2, 5)
 
 
 def _plain(ip: Any) -> bool:
@@ -129,7 +133,7 @@ def fast_pixels(
     for image, (_, gh, gw), n in zip(images, grid.tolist(), counts.tolist(), strict=True):
         resized = np.asarray(image.resize((gw * p, gh * p), resample=_BICUBIC, reducing_gap=None))
         # (gh/m, gw/m, m, m, C, p, p): patchify's order, moved as uint8
-        blocks = resized.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
+        blocks = resized.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(_PATCH_ORDER)
         values = np.ascontiguousarray(blocks).reshape(n, 3, 1, p * p)
         if table is not None:  # the table entry of each value: c * 256 + v, in one pass
             values = table[np.add(values, _CHANNEL_BASE, dtype=np.uint16)]
@@ -153,16 +157,13 @@ def resized_patches(
     ``(w * P, h * P)`` as Pillow's bicubic resizes it (`tokenize._resize.resize_rgb`) and patchified in the
     processor's order, on the images' device. `normalize_pixels` of the result is the image processor's
     ``pixel_values`` bit for bit."""
-    from puzzletron.dataset.tokenize._resize import resize_rgb
-
     p, m, t = patch_size, merge_size, temporal_patch_size
     parts = []
     for image, (_, gh, gw) in zip(
         images, np.asarray(grid, dtype=np.int64).reshape(-1, 3).tolist(), strict=True
     ):
         resized = resize_rgb(image, gw * p, gh * p)
-        # (gh/m, gw/m, m, m, C, p, p): patchify's order
-        blocks = resized.reshape(gh // m, m, p, gw // m, m, p, 3).permute(0, 3, 1, 4, 6, 2, 5)
+        blocks = resized.reshape(gh // m, m, p, gw // m, m, p, 3).permute(_PATCH_ORDER)
         values = blocks.reshape(gh * gw, 3, 1, p * p).expand(gh * gw, 3, t, p * p)  # the frame T times
         parts.append(values.reshape(gh * gw, 3 * t * p * p))
     if not parts:

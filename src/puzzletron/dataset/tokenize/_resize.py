@@ -1,8 +1,8 @@
 """Pillow's bicubic resize of an RGB ``uint8`` image, bit for bit, as torch ops that run where the image is.
 
-The VLM path's device resize (``build_vlm_batches(..., device_resize=True)``) ships decoded images and
-resizes them after ``.to(device)``, so the resize that dominates a worker's CPU leaves it. It must be the
-image processor's resize exactly. Pillow (``src/libImaging/Resample.c``, ``ImagingResampleInner``) resizes
+It lets decoded images be resized after ``.to(device)``, so the resize that dominates a VLM worker's CPU
+can leave it (`tokenize._pixels.resized_patches`; the pipelines do not ship decoded images yet). It must be
+the image processor's resize exactly. Pillow (``src/libImaging/Resample.c``, ``ImagingResampleInner``) resizes
 an 8-bit image in two separable passes, horizontal then vertical, each a fixed-point convolution:
 
 - for every output column (row) ``o`` of an axis of ``n_in -> n_out``: ``scale = n_in / n_out``, the
@@ -65,7 +65,7 @@ def axis_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
     total = np.zeros(n_out, dtype=np.float64)
     for k in range(ksize):  # summed in tap order, as the C loop sums (np.sum would pair them)
         total += weights[:, k]
-    weights = np.where(total[:, None] != 0.0, weights / np.where(total == 0.0, 1.0, total)[:, None], weights)
+    weights = weights / np.where(total == 0.0, 1.0, total)[:, None]  # a zero sum leaves them as they are
     fixed = np.trunc(np.where(weights < 0, -0.5, 0.5) + weights * (1 << PRECISION_BITS))
     return first, fixed.astype(np.int32)
 
