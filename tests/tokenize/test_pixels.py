@@ -5,17 +5,23 @@ configs, and any other processor (or image) falls back to the processor itself."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from _conversation_samples import pil_image
+from _conversation_samples import jpeg_bytes, pil_image
+from _host_reads import host_reads
 from _vlm_reference import LOADERS
-from puzzletron.dataset.tokenize import vlm_processor
+from puzzletron.dataset.conversation.images import decode_rgb
+from puzzletron.dataset.errors import ConfigError
+from puzzletron.dataset.tokenize import GridConfig, vlm_processor
 from puzzletron.dataset.tokenize._pixels import (
+    decoded_pixels,
     fast_pixels,
     normalize_pixels,
+    normalized_pixels,
     pixel_normalization,
     resized_patches,
 )
@@ -94,3 +100,110 @@ def test_uint8_pixels_of_another_processor_come_from_the_processor_unnormalised(
     assert not computed and got.dtype == torch.uint8
     assert torch.equal(normalize_pixels(got, pixel_normalization(processor.image_processor)), expected)
     assert not torch.equal(expected, want)  # it did run the other resize
+
+
+def _entries_and_metadata(processor: Any, images: list[Any]) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    parts = vlm_processor(processor)
+    sizes = np.array([image.size for image in images])
+    grid, _ = parts.grid.grids(sizes[:, 0], sizes[:, 1])
+    entries = parts.decoded(images, grid)
+    norm = pixel_normalization(processor.image_processor)
+    return entries, {"pixel_normalization": norm, "pixel_resize": parts.grid.facts()}
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
+def test_decoded_images_travel_at_their_size_or_their_target_and_normalise_to_the_processor_output(
+    kind: str, processor_dirs: dict[str, Path]
+) -> None:
+    processor = LOADERS[kind](processor_dirs[kind])
+    g = vlm_processor(processor).grid
+    images = [pil_image(i, size) for i, size in enumerate([*SIZES, (1500, 1100), (2000, 90)])]
+    entries, metadata = _entries_and_metadata(processor, images)
+    want = processor.image_processor(images=images, return_tensors="pt")
+    patches = want["image_grid_thw"].prod(dim=1)
+    kept = [tuple(e.shape) == (i.size[1], i.size[0], 3) for e, i in zip(entries, images, strict=True)]
+    assert any(kept) and not all(kept)  # small images as they are, large ones at their target
+    for entry, image, grid, kept_whole, n in zip(
+        entries, images, want["image_grid_thw"].tolist(), kept, patches, strict=True
+    ):
+        assert entry.dtype == torch.uint8 and entry.shape[2] == 3
+        assert entry.nbytes <= int(n) * 3 * g.temporal_patch_size * g.patch_size**2  # <= its uint8 patches
+        if not kept_whole:
+            assert tuple(entry.shape[:2]) == (grid[1] * g.patch_size, grid[2] * g.patch_size)
+        else:
+            assert torch.equal(entry, torch.from_numpy(np.asarray(image).copy()))
+    inputs = normalized_pixels({"pixel_values": entries}, metadata)
+    assert torch.equal(inputs["pixel_values"], want["pixel_values"])
+    as_bf16 = normalized_pixels({"pixel_values": entries}, metadata, torch.bfloat16)["pixel_values"]
+    assert torch.equal(as_bf16, want["pixel_values"].to(torch.bfloat16))
+
+
+def test_a_drafted_image_travels_so_that_its_size_gives_its_grid(processor_dirs: dict[str, Path]) -> None:
+    processor = LOADERS["qwen2_5_vl"](processor_dirs["qwen2_5_vl"])
+    parts = vlm_processor(processor)
+    g = parts.grid
+    for shown in [(1200, 1000), (3000, 2000), (900, 2400)]:
+        grid, _ = g.grids(np.array([shown[0]]), np.array([shown[1]]))
+        target = (int(grid[0, 2]) * g.patch_size, int(grid[0, 1]) * g.patch_size)
+        drafted = decode_rgb(jpeg_bytes(3, shown), draft=target)
+        assert drafted.size != shown  # the decoder's DCT scaling took it below its shown size
+        (entry,) = parts.decoded([drafted], grid)
+        height, width = int(entry.shape[0]), int(entry.shape[1])
+        assert np.array_equal(g.grids(np.array([width]), np.array([height]))[0], grid)
+        assert entry.nbytes <= int(grid.prod()) * 3 * g.temporal_patch_size * g.patch_size**2
+        norm = {"pixel_normalization": pixel_normalization(processor.image_processor),
+                "pixel_resize": g.facts()}  # fmt: skip
+        want = processor.image_processor(images=[drafted], return_tensors="pt")["pixel_values"]
+        assert torch.equal(normalized_pixels({"pixel_values": [entry]}, norm)["pixel_values"], want)
+
+
+def test_resizing_and_normalising_decoded_images_reads_no_tensor_value(
+    processor_dirs: dict[str, Path],
+) -> None:
+    processor = LOADERS["qwen3_vl"](processor_dirs["qwen3_vl"])
+    entries, metadata = _entries_and_metadata(processor, [pil_image(i, s) for i, s in enumerate(SIZES)])
+    kwargs = {"pixel_values": entries, "input_ids": torch.zeros(1, 4, dtype=torch.long)}
+    assert host_reads(lambda: normalized_pixels(kwargs, metadata)) == []
+    empty = normalized_pixels({**kwargs, "pixel_values": []}, metadata)["pixel_values"]
+    assert empty.shape == (0, 3 * 2 * 16**2) and empty.dtype == torch.float32
+
+
+def test_device_resize_refuses_a_processor_whose_resize_it_cannot_reproduce(
+    processor_dirs: dict[str, Path],
+) -> None:
+    processor = LOADERS["qwen2_5_vl"](processor_dirs["qwen2_5_vl"])
+    processor.image_processor.resample = 2  # bilinear
+    with pytest.raises(ConfigError, match=r"device_resize needs a Qwen2VLImageProcessorPil"):
+        vlm_processor(processor).decoded([pil_image(1, (60, 80))], np.array([[1, 6, 4]]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an accelerator")
+def test_on_cuda_decoded_images_are_resized_and_normalised_without_a_host_sync(
+    processor_dirs: dict[str, Path],
+) -> None:
+    processor = LOADERS["qwen2_5_vl"](processor_dirs["qwen2_5_vl"])
+    images = [pil_image(i, s) for i, s in enumerate(SIZES)]
+    entries, metadata = _entries_and_metadata(processor, images)
+    on_device = [e.to("cuda") for e in entries]
+    kwargs = {"pixel_values": on_device, "input_ids": torch.zeros(1, 4, dtype=torch.long, device="cuda")}
+    normalized_pixels(kwargs, metadata)  # warm: the caching allocators
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = normalized_pixels(kwargs, metadata)["pixel_values"]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    assert torch.equal(got.cpu(), want)
+
+
+def test_an_image_whose_target_does_not_give_its_grid_back_travels_at_its_own_size() -> None:
+    config = GridConfig(16, 2, 2, 32 * 32, 256 * 256)  # a small budget: 3130x34 keeps a side of 32
+    image = pil_image(5, (3130, 34))
+    grid, _ = config.grids(np.array([3130]), np.array([34]))
+    assert not config.is_own_target(grid).any()
+    (entry,) = decoded_pixels([image], grid, config)
+    assert tuple(entry.shape) == (34, 3130, 3)  # as it is: its own size gives its grid
+    small = image.resize((1500, 16))  # a size whose grid is another, and the target cannot stand in
+    with pytest.raises(ValueError, match=r"decoded image 0 is 1500x16, which gives grid"):
+        decoded_pixels([small], grid, config)

@@ -47,6 +47,22 @@ def test_grids_equal_smart_resize_over_thousands_of_sizes(name: str) -> None:
     assert refused.sum() > 0
 
 
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_grid_of_an_images_target_size_is_its_grid_but_past_max_pixels(name: str) -> None:
+    # what lets the device find a decoded image's target from its shape whether it travels at its own size
+    # or was resized to its target in the worker (tokenize._pixels.decoded_pixels)
+    config = CONFIGS[name]
+    sizes = np.concatenate([np.random.default_rng(2).integers(1, 5000, (5000, 2)), [[3130, 34], [28, 2839]]])
+    grid, refused = config.grids(sizes[:, 0], sizes[:, 1])
+    grid = grid[~refused]
+    again, refused_again = config.grids(grid[:, 2] * config.patch_size, grid[:, 1] * config.patch_size)
+    same = (again == grid).all(axis=1)
+    assert not refused_again.any() and np.array_equal(config.is_own_target(grid), same)
+    over = grid[:, 1] * grid[:, 2] * config.patch_size**2 > config.max_pixels
+    assert np.array_equal(~same, over)  # only where smart_resize kept a side past max_pixels
+    assert over.any() == (name == "small patch 16")
+
+
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
 def test_grids_equal_the_processor_on_real_images(kind: str, processor_dirs: dict[str, Path]) -> None:
     processor = LOADERS[kind](processor_dirs[kind])

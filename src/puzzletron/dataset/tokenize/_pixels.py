@@ -22,19 +22,38 @@ gather), so its result is the processor's float32 output bit for bit.
 `resized_patches` is the step before that, on the device too: decoded uint8 images (``[H, W, 3]``, as
 ``np.asarray`` of the RGB PIL image) resized by `tokenize._resize.resize_rgb` (Pillow's bicubic in fixed
 point, bit for bit) and patchified into the uint8 patches above, so neither the resize nor the normalise
-needs a worker's CPU; the building block of a decoded-image transport (not yet offered by the pipelines).
+needs a worker's CPU.
+
+The decoded-image transport (``build_vlm_batches(..., pixel_dtype=torch.uint8, device_resize=True)``):
+a worker only decodes; `decoded_pixels` hands each image on as uint8 ``[H, W, 3]``, at its own size, or
+already at its target size (Pillow's resize, the processor's) when it holds over twice the target's
+pixels, so no image costs more bytes than its uint8 patches (``2 * 3`` bytes a target pixel). Either
+way the grid of an entry's own size is the image's grid (``smart_resize`` of a target size is that size),
+so `normalized_pixels` finds every target from the entries' shapes and the batch's ``pixel_resize`` (the
+`GridConfig` facts), with no read of ``image_grid_thw``'s values, and no host sync.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from puzzletron.dataset.tokenize._resize import resize_rgb
+from puzzletron.dataset.tokenize._resize import host_to_device, resize_rgb
 
-__all__ = ["fast_pixels", "normalize_pixels", "normalized_pixels", "pixel_normalization", "resized_patches"]
+if TYPE_CHECKING:  # processor.py imports this module (lazily): no cycle at import time
+    from puzzletron.dataset.tokenize.processor import GridConfig
+
+__all__ = [
+    "decoded_pixels",
+    "fast_pixels",
+    "normalize_pixels",
+    "normalized_pixels",
+    "pixel_normalization",
+    "resized_patches",
+    "resizes_exactly",
+]
 
 _BICUBIC = 3  # PIL.Image.Resampling.BICUBIC
 _TABLES: dict[tuple[Any, ...], np.ndarray] = {}
@@ -58,12 +77,17 @@ def _plain(ip: Any) -> bool:
 
 def _table(ip: Any, dtype: torch.dtype) -> np.ndarray:
     """``[3, 256]``: every (channel, uint8 value) through rescale and normalize, in `dtype`'s bits."""
-    key = (float(ip.rescale_factor), tuple(ip.image_mean), tuple(ip.image_std), dtype)
+    return _table_of(pixel_normalization(ip), dtype)
+
+
+def _table_of(norm: dict[str, Any], dtype: torch.dtype) -> np.ndarray:
+    """`_table` of a `pixel_normalization` (IEEE operations: the same bits on any device)."""
+    key = (norm["rescale_factor"], tuple(norm["image_mean"]), tuple(norm["image_std"]), dtype)
     if key not in _TABLES:
-        values = np.arange(256, dtype=np.uint8).astype(np.float64) * float(ip.rescale_factor)
+        values = np.arange(256, dtype=np.uint8).astype(np.float64) * float(norm["rescale_factor"])
         values = values.astype(np.float32)  # rescale: float64 product, then float32
-        mean = np.asarray(ip.image_mean, dtype=np.float32)[:, None]
-        std = np.asarray(ip.image_std, dtype=np.float32)[:, None]
+        mean = np.asarray(norm["image_mean"], dtype=np.float32)[:, None]
+        std = np.asarray(norm["image_std"], dtype=np.float32)[:, None]
         table = (values[None, :] - mean) / std  # normalize, in float32
         if dtype == torch.bfloat16:  # the bits of each entry rounded as Tensor.to(bfloat16) rounds it
             table = torch.from_numpy(table).to(torch.bfloat16).view(torch.int16).numpy()
@@ -87,14 +111,15 @@ def normalize_pixels(
     """uint8 patches ``[patches, 3 * T * P * P]`` (channel-major columns) -> the image processor's
     ``pixel_values`` in `dtype` (float32 then cast, as ``Tensor.to`` rounds), on `pixels`' device: rescale in
     float64 then float32, ``(x - mean[c]) / std[c]`` in float32 (the processor's operations: a ``[3, 256]``
-    table, then one gather)."""
+    table built on the host, queued to the device without a wait, then one gather)."""
     device = pixels.device
-    values = (torch.arange(256, dtype=torch.float64, device=device) * norm["rescale_factor"]).float()
-    mean = torch.tensor(norm["image_mean"], dtype=torch.float32, device=device)[:, None]
-    std = torch.tensor(norm["image_std"], dtype=torch.float32, device=device)[:, None]
-    table = ((values[None, :] - mean) / std).reshape(-1)  # entry c * 256 + v
+    table = host_to_device(_table_of(norm, torch.float32).reshape(-1), device)  # entry c * 256 + v
     width = pixels.shape[1]
-    base = torch.arange(3, dtype=torch.int32, device=device).mul_(256).repeat_interleave(width // 3)
+    base = (
+        torch.arange(width, dtype=torch.int32, device=device)
+        .div_(width // 3, rounding_mode="floor")
+        .mul_(256)
+    )
     return table[pixels.int() + base].to(dtype)
 
 
@@ -104,11 +129,77 @@ def normalized_pixels(
     """A model's `kwargs` with uint8 ``pixel_values`` normalised where they are (after ``batch.to(device)``:
     on the accelerator) when the batch's `metadata` (``source_metadata``) holds ``pixel_normalization``
     (``build_vlm_batches(..., pixel_dtype=torch.uint8)``): exactly the image processor's float32 output,
-    then `dtype` (the model's; float32 when None). What `clients.attention.model_inputs` calls."""
+    then `dtype` (the model's; float32 when None). Decoded images (a list of uint8 ``[H, W, 3]``, with
+    ``pixel_resize`` in `metadata`: ``device_resize=True``) are resized and patchified there first
+    (`resized_patches`). What `clients.attention.model_inputs` calls."""
     norm, pixels = metadata.get("pixel_normalization"), kwargs.get("pixel_values")
-    if norm is None or not isinstance(pixels, torch.Tensor) or pixels.dtype != torch.uint8:
+    if norm is None:
+        return kwargs
+    if isinstance(pixels, list | tuple) and metadata.get("pixel_resize") is not None:
+        device = pixels[0].device if pixels else _device_of(kwargs)
+        pixels = _patches_of_decoded(list(pixels), metadata["pixel_resize"], device)
+    if not isinstance(pixels, torch.Tensor) or pixels.dtype != torch.uint8:
         return kwargs
     return {**kwargs, "pixel_values": normalize_pixels(pixels, norm, dtype or torch.float32)}
+
+
+def _device_of(kwargs: dict[str, Any]) -> torch.device:
+    ids = kwargs.get("input_ids")
+    return ids.device if isinstance(ids, torch.Tensor) else torch.device("cpu")
+
+
+def _patches_of_decoded(
+    images: list[torch.Tensor], facts: dict[str, Any], device: torch.device
+) -> torch.Tensor:
+    """uint8 patches of decoded images (each at its own or its target size: `decoded_pixels`); each target
+    from the entry's shape, a host fact (no read of a device value)."""
+    from puzzletron.dataset.tokenize.processor import GridConfig
+
+    config = GridConfig(**{k: int(v) for k, v in facts.items()})
+    if not images:
+        width = 3 * config.temporal_patch_size * config.patch_size**2
+        return torch.zeros(0, width, dtype=torch.uint8, device=device)
+    sizes = np.asarray([(int(i.shape[1]), int(i.shape[0])) for i in images], dtype=np.int64).reshape(-1, 2)
+    grid, _ = config.grids(sizes[:, 0], sizes[:, 1])
+    return resized_patches(
+        images, grid, patch_size=config.patch_size, merge_size=config.merge_size,
+        temporal_patch_size=config.temporal_patch_size,
+    )  # fmt: skip
+
+
+def resizes_exactly(image_processor: Any) -> bool:
+    """Whether `image_processor` is one whose resize `tokenize._resize` reproduces bit for bit (a plain
+    ``Qwen2VLImageProcessorPil``: bicubic resize, rescale, normalise, patchify): the decoded-image
+    transport's condition."""
+    return _plain(image_processor)
+
+
+def decoded_pixels(images: list[Any], grid: np.ndarray, config: GridConfig) -> list[torch.Tensor]:
+    """The decoded-image transport's ``pixel_values``: one uint8 ``[H, W, 3]`` tensor a RGB PIL image of
+    `images`, whose grids ``[m, 3]`` (under `config`) are `grid`, each of a size whose grid is its image's:
+    the image as it is, or resized to its target ``(w * P, h * P)`` as the processor resizes it where it
+    holds more than twice the target's pixels (so no more bytes than its uint8 patches) or its own size
+    gives another grid (decoded at a reduced size: ``draft``), unless the target does not give the grid
+    back (`GridConfig.is_own_target`; then the image as it is). `ValueError` for an image neither way
+    describes (a draft of such a grid: `pipelines._vlm_media` never drafts them)."""
+    grid = np.asarray(grid, dtype=np.int64).reshape(-1, 3)
+    sizes = np.asarray([image.size for image in images], dtype=np.int64).reshape(-1, 2)
+    own, _ = config.grids(sizes[:, 0], sizes[:, 1])
+    describes = (own == grid).all(axis=1)
+    target = grid[:, [2, 1]] * config.patch_size  # (width, height)
+    resize = (~describes | (sizes.prod(axis=1) > 2 * target.prod(axis=1))) & config.is_own_target(grid)
+    if (bad := np.flatnonzero(~describes & ~resize)).size:
+        k = int(bad[0])
+        raise ValueError(
+            f"decoded image {k} is {sizes[k, 0]}x{sizes[k, 1]}, which gives grid {own[k].tolist()}, not its "
+            f"{grid[k].tolist()}, whose target size does not give it back either: decode it in full"
+        )
+    out = []
+    for image, (width, height), again in zip(images, target.tolist(), resize.tolist(), strict=True):
+        if again:
+            image = image.resize((width, height), resample=_BICUBIC, reducing_gap=None)
+        out.append(torch.from_numpy(np.array(image)))  # a writable copy of the decoded bytes
+    return out
 
 
 def fast_pixels(

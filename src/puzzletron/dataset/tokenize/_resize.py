@@ -1,9 +1,9 @@
 """Pillow's bicubic resize of an RGB ``uint8`` image, bit for bit, as torch ops that run where the image is.
 
 It lets decoded images be resized after ``.to(device)``, so the resize that dominates a VLM worker's CPU
-can leave it (`tokenize._pixels.resized_patches`; the pipelines do not ship decoded images yet). It must be
-the image processor's resize exactly. Pillow (``src/libImaging/Resample.c``, ``ImagingResampleInner``) resizes
-an 8-bit image in two separable passes, horizontal then vertical, each a fixed-point convolution:
+can leave it (`tokenize._pixels.resized_patches`; ``build_vlm_batches(..., device_resize=True)``). It must
+be the image processor's resize exactly. Pillow (``src/libImaging/Resample.c``, ``ImagingResampleInner``)
+resizes an 8-bit image in two separable passes, horizontal then vertical, each a fixed-point convolution:
 
 - for every output column (row) ``o`` of an axis of ``n_in -> n_out``: ``scale = n_in / n_out``, the
   filter stretched by ``max(scale, 1)``, support ``2 * max(scale, 1)``; taps from
@@ -32,7 +32,7 @@ import numpy as np
 import PIL
 import torch
 
-__all__ = ["PRECISION_BITS", "axis_taps", "resize_rgb"]
+__all__ = ["PRECISION_BITS", "axis_taps", "host_to_device", "resize_rgb"]
 
 PRECISION_BITS = 32 - 8 - 2  # Pillow's fixed point for 8-bit images (2 bits of headroom for the lobes)
 # Pillow 13 (python-pillow/Pillow#9549) runs the vertical pass first when the height shrinks much more
@@ -70,16 +70,24 @@ def axis_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
     return first, fixed.astype(np.int32)
 
 
+def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`array` on `device`; to an accelerator from pinned memory, so the copy is queued, not waited for."""
+    tensor = torch.from_numpy(array)
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def _pass(image: torch.Tensor, first: np.ndarray, weights: np.ndarray, dim: int) -> torch.Tensor:
     """One axis of the resize: ``image`` uint8 with that axis at ``dim`` -> uint8 with ``n_out`` there."""
     n_in = image.shape[dim]
     device = image.device
     taps = weights.shape[1]
     index = np.minimum(first[:, None] + np.arange(taps)[None, :], n_in - 1)  # a weight-0 tap may point past
-    index_t = torch.from_numpy(np.ascontiguousarray(index.T)).to(device, non_blocking=True)
+    index_t = host_to_device(np.ascontiguousarray(index.T), device)
     weight_shape = [1] * image.dim()
     weight_shape[dim] = weights.shape[0]
-    weights_t = torch.from_numpy(np.ascontiguousarray(weights.T)).to(device, non_blocking=True)
+    weights_t = host_to_device(np.ascontiguousarray(weights.T), device)
     values = image.to(torch.int32)
     total = torch.full((), 1 << (PRECISION_BITS - 1), dtype=torch.int32, device=device)
     for k in range(taps):

@@ -106,6 +106,15 @@ class GridConfig:
         grid[refused] = 0
         return grid.reshape(-1, 3), refused.reshape(-1)
 
+    def is_own_target(self, grid: np.ndarray) -> np.ndarray:
+        """``bool [m]``: whether the target size of each grid of ``grid`` ``[m, 3]`` (``(w * P, h * P)``)
+        gives that grid back. True but where ``smart_resize`` kept a side at ``patch * merge`` past
+        ``max_pixels`` (an aspect ratio near 200 under a small budget): there the target holds more than
+        ``max_pixels``."""
+        grid = np.asarray(grid, dtype=np.int64).reshape(-1, 3)
+        again, _ = self.grids(grid[:, 2] * self.patch_size, grid[:, 1] * self.patch_size)
+        return (again == grid).all(axis=1)
+
     def first_other(self, images: list[Any], grid: np.ndarray) -> int:
         """The position of the first decoded image (PIL, as displayed) whose size gives another grid than
         its row of ``grid`` ``[m, 3]`` (the one its recorded size gave), else -1: a subset manifest that
@@ -191,6 +200,27 @@ class VlmProcessor:
                 f"{self.name}: its resized pixels are not uint8 values; use a float pixel_dtype"
             )
         return pixels.to(dtype), out["image_grid_thw"], False
+
+    def check_device_resize(self) -> None:
+        """`ConfigError` unless this processor's resize is one the device reproduces bit for bit (a plain
+        ``Qwen2VLImageProcessorPil``; `tokenize._resize`): what ``device_resize=True`` needs."""
+        from puzzletron.dataset.tokenize._pixels import resizes_exactly
+
+        if not resizes_exactly(self.image_processor):
+            raise ConfigError(
+                f"{self.name}: device_resize needs a Qwen2VLImageProcessorPil that resizes (bicubic), "
+                f"rescales and normalises, whose resize the device reproduces exactly; this image processor "
+                f"is {type(self.image_processor).__name__}: leave device_resize off"
+            )
+
+    def decoded(self, images: list[Any], grid: np.ndarray) -> list[Any]:
+        """The decoded-image transport's ``pixel_values`` of RGB PIL ``images`` whose grids are ``grid``:
+        uint8 ``[H, W, 3]`` tensors, each at its own or its target size (`tokenize._pixels.decoded_pixels`),
+        resized and normalised after ``.to(device)`` by `tokenize._pixels.normalized_pixels`."""
+        from puzzletron.dataset.tokenize._pixels import decoded_pixels
+
+        self.check_device_resize()
+        return decoded_pixels(images, grid, self.grid)
 
 
 def _flat(facts: Mapping[str, Any]) -> dict[str, Any]:
