@@ -13,6 +13,7 @@ import torch
 from _vlm_checks import Reference, documents
 from puzzletron.dataset import PuzzletronDataSpec
 from puzzletron.dataset.batch import Modality
+from puzzletron.dataset.clients.attention import model_inputs
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.formats.token_store import TokenStore
 from puzzletron.dataset.pipelines.mixture import build_mixture_batches
@@ -227,6 +228,25 @@ def test_every_document_of_a_vlm_mixture_equals_its_sample(vlm_mixture, processo
             image, patch = image + grid.shape[0], patch + p
         assert image == kwargs["image_grid_thw"].shape[0] and patch == kwargs["pixel_values"].shape[0]
     assert seen["vlm"] > 0 and seen["text"] > 0
+
+
+def test_a_vlm_mixture_with_device_resize_gives_the_float32_pixels_after_model_inputs(vlm_mixture) -> None:
+    floats = build_mixture_batches(**vlm_mixture, batch_size=2, seed=1)
+    decoded = build_mixture_batches(
+        **vlm_mixture, batch_size=2, seed=1, pixel_dtype=torch.uint8, device_resize=True
+    )
+    images = 0
+    for want, got in zip(floats, decoded, strict=True):
+        assert isinstance(got.model_kwargs["pixel_values"], list)
+        assert torch.equal(got.input_ids, want.input_ids)
+        ours, theirs = model_inputs(got, backend="sdpa"), model_inputs(want, backend="sdpa")
+        assert ours.keys() == theirs.keys()
+        if "pixel_values" in theirs:
+            assert torch.equal(ours["pixel_values"], theirs["pixel_values"])
+            images += int(theirs["image_grid_thw"].shape[0])
+    assert images > 0
+    with pytest.raises(ConfigError, match=r"device_resize=True ships uint8 decoded images"):
+        build_mixture_batches(**vlm_mixture, batch_size=2, device_resize=True)
 
 
 def test_every_rank_of_a_step_holds_an_image_or_none_does(vlm_mixture) -> None:

@@ -177,6 +177,42 @@ def test_split_batches_still_give_each_document_its_own_logits(
         check_forward(model, part, references["qwen2_5_vl"], tol=1e-10)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_decoded_images_resized_on_the_device_give_the_uint8_batches_bit_for_bit(
+    kind, vlm_stores, processor_dirs, vlm_subset, references
+) -> None:
+    spec = _spec()
+    raw = _batches(kind, vlm_stores, processor_dirs, vlm_subset, spec, batch_size=2, seed=1,
+                   pixel_dtype=torch.uint8)  # fmt: skip
+    decoded = _batches(kind, vlm_stores, processor_dirs, vlm_subset, spec, batch_size=2, seed=1,
+                       pixel_dtype=torch.uint8, device_resize=True)  # fmt: skip
+    seen = 0
+    for want, got in zip(raw, decoded, strict=True):
+        images, grid = got.model_kwargs["pixel_values"], want.model_kwargs["image_grid_thw"]
+        assert isinstance(images, list) and len(images) == grid.shape[0]
+        seen += len(images)
+        assert all(i.dtype == torch.uint8 and i.dim() == 3 and i.shape[2] == 3 for i in images)
+        assert sum(i.nbytes for i in images) <= want.model_kwargs["pixel_values"].nbytes
+        for key in ("input_ids", "position_ids", "image_grid_thw", "mm_token_type_ids"):
+            assert torch.equal(got.model_kwargs[key], want.model_kwargs[key]), key
+        splits = [(got, want), *zip(got.pp_microbatches(2), want.pp_microbatches(2), strict=True)]
+        splits += [
+            (got.dp_slice(dp_rank=r, dp_size=2), want.dp_slice(dp_rank=r, dp_size=2)) for r in range(2)
+        ]
+        for part, same in splits:  # each row keeps its images, resized and normalised where they are
+            ours, theirs = model_inputs(part, backend="sdpa"), model_inputs(same, backend="sdpa")
+            assert ours.keys() == theirs.keys()  # a part without images has no pixel_values in either
+            for key in ("pixel_values", "image_grid_thw"):
+                assert key not in theirs or torch.equal(ours[key], theirs[key]), key
+    assert seen > 0
+    model = MODELS[kind](references[kind].processor.tokenizer, "sdpa")
+    check_forward(model, next(iter(decoded)), references[kind], backend="sdpa", tol=1e-10)
+    with pytest.raises(
+        ConfigError, match=r"device_resize=True ships uint8 decoded images; it needs pixel_dtype"
+    ):
+        _batches(kind, vlm_stores, processor_dirs, vlm_subset, spec, batch_size=1, device_resize=True)
+
+
 def test_pixels_in_bfloat16(vlm_stores, processor_dirs, vlm_subset, references) -> None:
     batches = _batches(
         "qwen2_5_vl",

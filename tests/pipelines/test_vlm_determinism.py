@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp_mp
 
@@ -59,9 +61,12 @@ def test_another_process_with_another_hash_seed_gives_the_same_batches(
     assert json.loads(out.stdout.strip().splitlines()[-1]) == here and len(here) >= 2
 
 
-def test_zero_and_two_workers_give_the_same_batches(vlm_stores, processor_dirs, vlm_subset, monkeypatch):
+@pytest.mark.parametrize("pixels", [{}, {"pixel_dtype": torch.uint8, "device_resize": True}])
+def test_zero_and_two_workers_give_the_same_batches(
+    vlm_stores, processor_dirs, vlm_subset, monkeypatch, pixels
+):
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
-    batches = _batches(vlm_stores, processor_dirs, vlm_subset)
+    batches = _batches(vlm_stores, processor_dirs, vlm_subset, **pixels)
     direct = [b.fingerprint for b in batches]
     assert [b.fingerprint for b in batches.loader(num_workers=0)] == direct
     assert [b.fingerprint for b in batches.loader(num_workers=2)] == direct

@@ -53,6 +53,7 @@ __all__ = [
     "Component",
     "DealOptions",
     "SourceOptions",
+    "check_device_resize",
     "component_plan",
     "deal",
     "is_token_store",
@@ -108,6 +109,7 @@ class SourceOptions:
     rows_per_shard: int = DEFAULT_ROWS_PER_SHARD
     pixel_dtype: Any = None  # None: float32
     draft: bool = False  # decode at reduced size where the processor's target allows (not bit-exact)
+    device_resize: bool = False  # uint8: ship decoded images, resized and normalised on the device
     report: bool = False
 
 
@@ -136,6 +138,18 @@ def deal(num_items: int, options: DealOptions, *, loads: np.ndarray | None = Non
         drop_last=options.drop_last,
         loads=loads,
     )
+
+
+def check_device_resize(device_resize: bool, pixel_dtype: Any) -> None:
+    """`ConfigError` unless ``device_resize`` is a bool, and True only with ``pixel_dtype=torch.uint8`` (the
+    decoded images are the unnormalised values the device resizes)."""
+    if not isinstance(device_resize, bool):
+        raise ConfigError(f"device_resize must be True or False; got {device_resize!r}")
+    if device_resize and pixel_dtype != torch.uint8:
+        raise ConfigError(
+            "device_resize=True ships uint8 decoded images; it needs pixel_dtype=torch.uint8, got "
+            f"{pixel_dtype!r}"
+        )
 
 
 def store_format(source: Any) -> str | None:
@@ -261,7 +275,12 @@ def vlm_component(source: str | Path, how: SourceOptions) -> Component:
     media = None
     if processor is not None and images_from is not None:
         proc = str(processor) if isinstance(processor, str | Path) else processor
-        media = VlmMedia(store, images_from, proc, how.pixel_dtype or torch.float32, draft=how.draft)
+        if how.device_resize:
+            vlm_processor(processor).check_device_resize()
+        media = VlmMedia(
+            store, images_from, proc, how.pixel_dtype or torch.float32, draft=how.draft,
+            device_resize=how.device_resize,
+        )  # fmt: skip
     return Component(StoreSamples(store), store.pad_token_id, store=store, media=media)
 
 

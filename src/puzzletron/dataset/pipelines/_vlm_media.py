@@ -10,6 +10,8 @@ adds, for the images of the batch's samples in token order:
   ``pixel_dtype`` and ``image_grid_thw`` ``[images, 3]`` (which must be the grids the store holds); with
   ``pixel_dtype=torch.uint8`` the resized values before rescale and normalise, and ``source_metadata``
   gains ``pixel_normalization`` (`tokenize._pixels.normalize_pixels` applies it after ``.to(device)``);
+  with ``device_resize`` the decoded images themselves (a list of uint8 ``[H, W, 3]``, each at its own or
+  its target size: `VlmProcessor.decoded`), resized there too (``pixel_resize``: the grid facts);
 - ``position_ids`` ``[3, B, T]``: the model's multi-axis positions, every document from 0 (`mrope_ids`),
   0 on padding; ``mm_token_type_ids`` ``[B, T]`` (1 on image tokens);
 - ``sequence.media_counts`` / ``media_offsets``: images per row, so every split keeps an image with its
@@ -86,14 +88,16 @@ def check_processor(store: VlmStore, parts: VlmProcessor) -> None:
 class VlmMedia:
     """What adding media needs: the store, the subset holding the images, the processor (a directory
     path is loaded once per process), the dtype of ``pixel_values`` (``torch.uint8``: the resized values,
-    normalised later by `clients.attention.model_inputs`) and ``draft`` (decode a JPEG at a reduced size
-    where the processor's target side is at most half the source: not bit-exact, opt-in)."""
+    normalised later by `clients.attention.model_inputs`), ``draft`` (decode a JPEG at a reduced size
+    where the processor's target side is at most half the source: not bit-exact, opt-in) and
+    ``device_resize`` (uint8 only: ship the decoded images, resized on the device, bit for bit)."""
 
     store: VlmStore
     subset: Path | str  # a folder, or an URL prefix (its objects read through the node's cache)
     processor: Any
     pixel_dtype: torch.dtype = torch.float32
     draft: bool = False
+    device_resize: bool = False
 
     @functools.cached_property
     def shards(self) -> MediaShards | None:
@@ -151,7 +155,11 @@ class VlmMedia:
     def _images(self, images: np.ndarray, grid: np.ndarray, patch: int) -> tuple[list[Any], list[Any]]:
         """The decoded images ``images`` (RGB, SHA-256 checked; ``draft``: toward their target sizes) and
         what has each one's size as displayed (the images themselves; with ``draft``, their headers')."""
-        sizes = (grid[:, [2, 1]] * patch).tolist() if self.draft else [None] * len(images)
+        sizes: list[Any] = (grid[:, [2, 1]] * patch).tolist() if self.draft else [None] * len(images)
+        if self.draft and self.device_resize:  # a grid its target does not give back: decoded in full
+            config = vlm_processor(self.processor).grid
+            own = config.is_own_target(grid).tolist()
+            sizes = [size if ok else None for size, ok in zip(sizes, own, strict=True)]
         blobs, where = self.blobs(images), f"the VLM store {self.store.path}"
         decoded = [
             decode_rgb(data, where=f"image {index} of {where}", draft=size)
@@ -161,8 +169,10 @@ class VlmMedia:
             return decoded, decoded
         return decoded, [types.SimpleNamespace(size=shown_size(data, where=where)) for data in blobs]
 
-    def _pixels(self, images: np.ndarray, grid: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pixels(self, images: np.ndarray, grid: np.ndarray) -> tuple[Any, torch.Tensor]:
         parts = vlm_processor(self.processor)
+        if self.device_resize and not images.size:
+            return [], torch.zeros(0, 3, dtype=torch.long)
         if not images.size:
             g = parts.grid
             width = 3 * g.temporal_patch_size * g.patch_size**2
@@ -174,8 +184,10 @@ class VlmMedia:
                 f"{shown[bad].size[1]}, whose grid is not the stored {grid[bad].tolist()} (the subset's "
                 "manifest records another size?)"
             )
-        pixels, got, computed = parts.pixels(decoded, grid, dtype=self.pixel_dtype)
         want = torch.from_numpy(grid)
+        if self.device_resize:
+            return parts.decoded(decoded, grid), want
+        pixels, got, computed = parts.pixels(decoded, grid, dtype=self.pixel_dtype)
         if not computed and not torch.equal(got.long(), want):
             bad = int(torch.nonzero((got.long() != want).any(dim=1))[0])
             raise SnapshotError(
@@ -186,10 +198,15 @@ class VlmMedia:
 
     def metadata(self) -> dict[str, Any]:
         """What the batch's ``source_metadata`` gains: with uint8 pixels, ``pixel_normalization`` (the
-        processor's rescale factor, mean and std: `clients.attention.model_inputs` applies them)."""
+        processor's rescale factor, mean and std: `clients.attention.model_inputs` applies them); with
+        ``device_resize``, ``pixel_resize`` too (the grid facts that give each image's target size)."""
         if self.pixel_dtype != torch.uint8:
             return {}
-        return {"pixel_normalization": pixel_normalization(vlm_processor(self.processor).image_processor)}
+        parts = vlm_processor(self.processor)
+        out: dict[str, Any] = {"pixel_normalization": pixel_normalization(parts.image_processor)}
+        if self.device_resize:
+            out["pixel_resize"] = parts.grid.facts()
+        return out
 
     def images_of(self, samples: np.ndarray) -> ImageBlock:
         """The images of documents of ``samples`` (store sample indices, in document order)."""
@@ -220,10 +237,11 @@ class VlmMedia:
 
 @dataclass(frozen=True, eq=False)
 class ImageBlock:
-    """The images of some documents: ``pixel_values`` ``[patches, D]``, ``grid`` ``[images, 3]`` (t, h, w)
-    and ``counts`` ``[documents]`` images of each document, in document order."""
+    """The images of some documents: ``pixel_values`` ``[patches, D]`` (or one decoded image an entry:
+    ``device_resize``), ``grid`` ``[images, 3]`` (t, h, w) and ``counts`` ``[documents]`` images of each
+    document, in document order."""
 
-    pixel_values: torch.Tensor
+    pixel_values: torch.Tensor | list[torch.Tensor]
     grid: np.ndarray
     counts: np.ndarray
 
@@ -259,6 +277,9 @@ def attach_media(
     patch_start = np.cumsum(patches) - patches
     if len(pixels) == 1 and np.array_equal(images, np.arange(images.shape[0])):
         pixel_values = pixels[0]
+    elif any(isinstance(p, list) for p in pixels):  # one decoded image an entry
+        every = [image for part in pixels for image in part]
+        pixel_values = [every[i] for i in images.tolist()]
     else:
         pick = ragged_arange(patch_start[images], patches[images])
         pixel_values = torch.cat(pixels)[torch.from_numpy(pick)]

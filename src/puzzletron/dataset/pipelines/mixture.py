@@ -45,6 +45,7 @@ from puzzletron.dataset.pipelines._batches import RankBatches
 from puzzletron.dataset.pipelines._core import (
     Component,
     SourceOptions,
+    check_device_resize,
     component_plan,
     is_token_store,
     pack_loads,
@@ -163,6 +164,7 @@ def build_mixture_batches(
     pad_to_multiple_of: int = 1,
     pixel_dtype: torch.dtype = torch.float32,
     plan_cache: str | Path | None = None,
+    device_resize: bool = False,
 ) -> MixtureRankBatches:
     """Components + weights + `PuzzletronDataSpec` -> this DP rank's batches of one token-weighted stream.
 
@@ -173,8 +175,8 @@ def build_mixture_batches(
     schedule ``[(from_token, {name: weight}), ...]`` whose shares change once that many real tokens of the
     epoch were delivered. ``num_tokens``: the epoch's real tokens (components repeated as needed, each pass
     reshuffled); None: the epoch ends where the first component's pass is used up at its share. Layouts,
-    ``batch_size``, ``seed``, ``drop_last``, ``pad_to_multiple_of`` and ``pixel_dtype`` as in
-    `build_batches` / `build_vlm_batches`; ``spec.modality`` multimodal for a mixture with images.
+    ``batch_size``, ``seed``, ``drop_last``, ``pad_to_multiple_of``, ``pixel_dtype`` and ``device_resize``
+    as in `build_batches` / `build_vlm_batches`; ``spec.modality`` multimodal for a mixture with images.
     """
     spec = as_spec(spec, owner="build_mixture_batches")
     multimodal = Modality(spec.modality) is Modality.MULTIMODAL
@@ -183,6 +185,7 @@ def build_mixture_batches(
     names = tuple(str(n) for n in sources)
     mix = MixtureWeights.parse(names, weights)
     require_positive(pad_to_multiple_of, "pad_to_multiple_of", error=ConfigError)
+    check_device_resize(device_resize, pixel_dtype)
     if multimodal and processor is None:
         raise ConfigError("a multimodal mixture needs processor= (its images' and texts' tokenizer)")
     unknown = sorted(set(subsets or {}) - set(names))
@@ -192,7 +195,7 @@ def build_mixture_batches(
     how = SourceOptions(
         tokenizer, processor, split=split, options=options, pixel_dtype=pixel_dtype, report=report
     )
-    how = dataclasses.replace(how, cache_dir=cache_dir, num_proc=num_proc)
+    how = dataclasses.replace(how, cache_dir=cache_dir, num_proc=num_proc, device_resize=device_resize)
     components = {
         name: _resolve(
             name, source, dataclasses.replace(how, subset=(subsets or {}).get(name)), multimodal=multimodal

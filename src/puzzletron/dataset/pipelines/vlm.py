@@ -38,6 +38,7 @@ from puzzletron.dataset.pipelines._batches import RankBatches
 from puzzletron.dataset.pipelines._core import (
     DealOptions,
     SourceOptions,
+    check_device_resize,
     component_plan,
     deal,
     pack_loads,
@@ -77,6 +78,7 @@ def build_vlm_batches(
     rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
     plan_cache: str | Path | None = None,
     draft: bool = False,
+    device_resize: bool = False,
 ) -> VlmBatches:
     """Subset (or VLM store) + processor + `PuzzletronDataSpec` -> this DP rank's multimodal batches.
 
@@ -94,7 +96,11 @@ def build_vlm_batches(
     ``pixel_values`` (the processor gives float32; ``torch.bfloat16`` halves the bytes; ``torch.uint8``, a
     quarter, the resized values: `clients.attention.model_inputs` rescales and normalises them on the
     device, exactly). ``draft``: decode a JPEG at a reduced size where the processor's target side is at
-    most half the source (`conversation.images.decode_rgb`; not bit-exact, opt-in). A packed plan is
+    most half the source (`conversation.images.decode_rgb`; not bit-exact, opt-in). ``device_resize``
+    (with ``pixel_dtype=torch.uint8``): workers only decode; ``pixel_values`` is then a list of the decoded
+    images (uint8 ``[H, W, 3]``, one an image, none with more bytes than its uint8 patches) that
+    `clients.attention.model_inputs` resizes, patchifies and normalises after ``.to(device)``, bit for bit
+    the processor's output (a plain ``Qwen2VLImageProcessorPil`` only). A packed plan is
     planned once and memory-mapped by every rank and restart (`puzzletron.dataset.packing.plan_cache`): in
     ``plan_cache``, by default ``cache_dir/.plans``, else ``.<store name>.plans`` beside the store (planned
     in memory when that folder cannot be written).
@@ -108,11 +114,11 @@ def build_vlm_batches(
         pixel_dtype.is_floating_point or pixel_dtype == torch.uint8
     ):
         raise ConfigError(f"pixel_dtype must be a floating torch.dtype or torch.uint8; got {pixel_dtype!r}")
+    check_device_resize(device_resize, pixel_dtype)
     require_positive(pad_to_multiple_of, "pad_to_multiple_of", error=ConfigError)
-    how = SourceOptions(processor=processor, subset=subset, rows_per_shard=rows_per_shard)
-    component = vlm_component(
-        source, replace(how, cache_dir=cache_dir, num_proc=num_proc, pixel_dtype=pixel_dtype, draft=draft)
-    )
+    how = SourceOptions(processor=processor, subset=subset, rows_per_shard=rows_per_shard, draft=draft)
+    how = replace(how, pixel_dtype=pixel_dtype, device_resize=device_resize)
+    component = vlm_component(source, replace(how, cache_dir=cache_dir, num_proc=num_proc))
     plan = component_plan(component, spec, seed=seed, cache=plan_cache, cache_dir=cache_dir)
     dataset = VlmPackedBatches(
         component.samples,
