@@ -9,11 +9,13 @@ JPEGs of 64-1,500 px, its VLM store under the Qwen2.5-VL-style processor), writt
 first ``--steps`` batches. Each measurement runs in a fresh interpreter; figures are medians of ``--repeats``.
 
 Per mode (``pixel_dtype``: ``bfloat16``, the default bit-exact mode the issue measured; ``float32``, the
-processor's own dtype; ``uint8``, the opt-in transport normalised on the device) it reports:
+processor's own dtype; ``uint8``, the opt-in transport normalised on the device; ``decoded``, uint8 with
+``device_resize=True``: the workers only decode, the device resizes) it reports:
 
 - ``breakdown`` (one process, CPU seconds per delivered token, and their shares of the total):
   ``read_decode`` (read each image from the subset, SHA-256 check, decode to RGB: the floor of any CPU path
-  that decodes), ``processor`` (resize, rescale/normalise, patchify: `VlmProcessor.pixels`), ``tokens`` (the
+  that decodes), ``processor`` (resize, rescale/normalise, patchify: `VlmProcessor.pixels`; ``decoded``:
+  `VlmProcessor.decoded`, the copies and the worker resize of images over twice their target), ``tokens`` (the
   token part of the batch from the store), ``positions`` (mRoPE ids, masks, the rest of attaching media, and
   the trainer reading a byte of every page of the batch, as ``.to(device)`` reads them all); ``in_process``
   is their sum, ``bytes_per_image_token`` what ``pixel_values`` hand to the device;
@@ -29,8 +31,9 @@ processor's own dtype; ``uint8``, the opt-in transport normalised on the device)
 where some images qualify): its CPU against the full decode on the same batches, and the pixel difference
 it makes (uint8 steps of the processor's unnormalised values, over the qualifying images).
 
-Figures (this 2-core VM shared with other jobs, so CPU seconds are inflated about 2x against the issue's and
-wall rates are noisy; medians of 2-3 repeats, 40-48 steps; us of CPU per delivered token):
+Figures (a 2-core VM shared with other jobs, so CPU seconds are inflated about 2x against the issue's and
+wall rates are noisy; medians of 2-3 repeats, 40-48 steps; us of CPU per delivered token). The first three
+columns were measured on an earlier, slower VM (stop 28):
 
 ================================  ==========  ==========  ==========  ==========
 pack 4096 / 8192                  before      after       after uint8 issue target
@@ -45,14 +48,38 @@ bytes per image token             9,408       9,408       4,704       <= 18,816 
 peak RSS of a worker              0.48-0.55 G 0.51-0.69 G 0.44-0.55 G <= 1 GB
 ================================  ==========  ==========  ==========  ==========
 
+The decoded-image transport (``decoded``), measured on a faster VM beside the other modes there (stop 30;
+medians of 3 repeats, 48 steps; 2 runs of ``decoded``):
+
+================================  ==============  ==============  =====================
+pack 4096 / 8192                  bfloat16        uint8           decoded
+================================  ==============  ==============  =====================
+in one process                    15.4 / 18.8     11.7 / 10.1     4.6-5.1 / 3.7-4.2
+2 workers, per token (marginal)   16.2 / 17.7     11.6 / 12.3     5.0-6.7 / 5.6-6.5
+  against bfloat16                1               0.72 / 0.70     0.31-0.41 / 0.32-0.36
+  against before (chained)        0.77 / 0.79     0.55 / 0.55     0.24-0.32 / 0.25-0.28
+2 workers / one process           1.05 / 0.94     0.99 / 1.22     1.08-1.31 / 1.34-1.73
+bytes per image token             9,408           4,704           2,352
+peak RSS of a worker              0.57 / 0.73 GB  0.48 / 0.58 GB  0.43 / 0.48 GB
+================================  ==============  ==============  =====================
+
+"Against before (chained)" multiplies the ratio to bfloat16 on this VM by bfloat16's ratio to before on the
+earlier one. The VMs differ (uint8 was 0.64 / 0.63 of before measured directly there): chained through
+uint8 instead, ``decoded`` is 0.28-0.37 / 0.29-0.33 of before. The ``decoded`` CPU leaves out the resize and patchify that `clients.attention.model_inputs`
+runs after ``.to(device)``: on the accelerator it is device work (no GPU was lent to measure it); on a CPU
+it would cost about 119 us an image token (``benchmarks/bench_device_resize.py``). Its shares in one
+process: read + decode about 50 %, positions and the rest of attaching media 25-35 %, the worker resize of
+images over twice their target plus the copies 10-15 %. Its workers-to-one-process ratio is noisy and
+above 1.15 at pack 8192. Moving its batches through the shared-memory transport alone costs 0.39 us a token
+(91 images in 12 batches, in one process), so the excess is not the transport. The more likely cause is
+the trainer and 2 workers contending for 2 cores.
+
 Shares in one process (bfloat16, pack 4096): read + decode 16 %, image processor 77 % (PIL's bicubic resize
-is about 55 % of it and 80 % of the uint8 path's), tokens 3 %, positions 4 %. What is left is PIL's decode
-and resize: the targets of 0.6x / 0.4x need the resize off the CPU (a bit-exact fixed-point resize on the
-device, from uint8 decoded images), not a cheaper transport. Scaling: 2 workers delivered 0.54-1.02 x 2
-one worker's tokens per second here (2 cores for the trainer, both workers and the other jobs: the cores
-limit it). Draft decoding at ``max_pixels`` 250,880 (29 of 157 images qualify): 0.85x the CPU per image
-over all images, up to 62 and on average 2.4 uint8 steps from a full decode (18 % of values identical):
-opt-in.
+is about 55 % of it and 80 % of the uint8 path's), tokens 3 %, positions 4 %. Scaling: 2 workers delivered
+0.54-1.08 x 2 one worker's tokens per second (2 cores for the trainer, both workers and the other jobs: the
+cores limit it). Draft decoding at ``max_pixels`` 250,880 (29 of 157 images qualify): 0.85x the CPU per
+image over all images, up to 62 and on average 2.4 uint8 steps from a full decode (18 % of values
+identical): opt-in.
 """
 
 from __future__ import annotations
@@ -87,11 +114,21 @@ def _batches(args: dict[str, Any]) -> Any:
     from bench_vlm import _spec
     from puzzletron.dataset.pipelines.vlm import build_vlm_batches
 
-    extra = {"draft": True} if args.get("draft") else {}
+    extra: dict[str, Any] = {"draft": True} if args.get("draft") else {}
+    if args["mode"] == "decoded":  # the decoded-image transport: uint8 images, resized on the device
+        extra.update(pixel_dtype=torch.uint8, device_resize=True)
+    else:
+        extra.update(pixel_dtype=getattr(torch, args["mode"]))
     return build_vlm_batches(
         args["store"], processor=args["processor"], subset=args["subset"], spec=_spec(int(args["pack"])),
-        batch_size=1, dp_rank=0, dp_size=RANKS, seed=0, pixel_dtype=getattr(torch, args["mode"]), **extra,
+        batch_size=1, dp_rank=0, dp_size=RANKS, seed=0, **extra,
     )  # fmt: skip
+
+
+def _pixel_tensors(batch: Any) -> list[Any]:
+    """``pixel_values`` as tensors: the patches, or the decoded images (``decoded`` mode)."""
+    pixels = batch.model_kwargs["pixel_values"]
+    return list(pixels) if isinstance(pixels, list | tuple) else [pixels]
 
 
 def _consume(batch: Any) -> int:
@@ -101,6 +138,8 @@ def _consume(batch: Any) -> int:
 
     tensors = [v for v in batch.model_kwargs.values() if isinstance(v, torch.Tensor)]
     tensors += [batch.labels, batch.ce_mask, batch.hidden_mask]
+    if isinstance(batch.model_kwargs["pixel_values"], list | tuple):
+        tensors += _pixel_tensors(batch)
     for t in tensors:
         if t.numel():
             t.contiguous().reshape(-1).view(torch.uint8)[::4096].sum()
@@ -133,6 +172,7 @@ def _measure_breakdown(args: dict[str, Any]) -> dict[str, Any]:
 
     _vlm_media.VlmMedia._images = timed("read_decode", _vlm_media.VlmMedia._images)
     VlmProcessor.pixels = timed("processor", VlmProcessor.pixels)
+    VlmProcessor.decoded = timed("processor", VlmProcessor.decoded)
     PackedBatches.__getitem__ = timed("tokens", PackedBatches.__getitem__)
     batches = _batches(args)
     keys = list(itertools.islice(iter(batches.sampler), int(args["steps"])))
@@ -146,7 +186,7 @@ def _measure_breakdown(args: dict[str, Any]) -> dict[str, Any]:
         batch = batches.dataset[key]
         delivered += _consume(batch)
         image_tokens += _image_tokens(batch)
-        pixel_bytes += batch.model_kwargs["pixel_values"].nbytes
+        pixel_bytes += sum(t.nbytes for t in _pixel_tensors(batch))
     total = time.process_time() - start
     out = {k: v / delivered for k, v in spent.items()}
     out["positions"] = total / delivered - sum(out.values())
@@ -283,7 +323,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip", type=int, default=8, help="first batches left out (startup)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--modes", default="bfloat16,float32,uint8")
+    parser.add_argument("--modes", default="bfloat16,float32,uint8,decoded")
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--packs", default=",".join(map(str, PACKS)))
     parser.add_argument("--draft", action="store_true")
