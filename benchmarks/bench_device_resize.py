@@ -34,7 +34,7 @@ import torch
 from PIL import Image
 
 from puzzletron.dataset.tokenize._pixels import resized_patches
-from puzzletron.dataset.tokenize.processor import GridConfig
+from puzzletron.dataset.tokenize.grid import GridConfig
 
 __all__ = ["main"]
 

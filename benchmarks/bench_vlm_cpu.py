@@ -65,9 +65,10 @@ peak RSS of a worker              0.57 / 0.73 GB  0.48 / 0.58 GB  0.43 / 0.48 GB
 
 "Against before (chained)" multiplies the ratio to bfloat16 on this VM by bfloat16's ratio to before on the
 earlier one. The VMs differ (uint8 was 0.64 / 0.63 of before measured directly there): chained through
-uint8 instead, ``decoded`` is 0.28-0.37 / 0.29-0.33 of before. The ``decoded`` CPU leaves out the resize and patchify that `clients.attention.model_inputs`
-runs after ``.to(device)``: on the accelerator it is device work (no GPU was lent to measure it); on a CPU
-it would cost about 119 us an image token (``benchmarks/bench_device_resize.py``). Its shares in one
+uint8 instead, ``decoded`` is 0.28-0.37 / 0.29-0.33 of before. The ``decoded`` CPU leaves out the resize
+and patchify that `clients.attention.model_inputs` runs after ``.to(device)``: on the accelerator it is
+device work (no GPU was lent to measure it); on a CPU it would cost about 119 us an image token
+(``benchmarks/bench_device_resize.py``). Its shares in one
 process: read + decode about 50 %, positions and the rest of attaching media 25-35 %, the worker resize of
 images over twice their target plus the copies 10-15 %. Its workers-to-one-process ratio is noisy and
 above 1.15 at pack 8192. Moving its batches through the shared-memory transport alone costs 0.39 us a token

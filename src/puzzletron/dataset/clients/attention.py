@@ -358,13 +358,6 @@ def _for_model(model: Any, backend: str | None, dtype: torch.dtype | None) -> tu
     return theirs, native if theirs == "eager" else dtype
 
 
-def _empty_media(value: Any) -> bool:
-    """A media kwarg a split left without an item: a tensor of 0 rows, or an empty list (decoded images)."""
-    if isinstance(value, torch.Tensor):
-        return value.shape[0] == 0
-    return isinstance(value, list | tuple) and not value
-
-
 def model_inputs(
     batch: PuzzletronBatch,
     *,
@@ -429,7 +422,8 @@ def model_inputs(
         )
     # Embeddings already hold the images: no input_ids (HF takes exactly one of the two), no media.
     skip = {*_NOT_FORWARDED, "input_ids", *_MEDIA_KWARGS} if embedded else set(_NOT_FORWARDED)
-    skip.update(k for k in _MEDIA_KWARGS if _empty_media(kwargs.get(k)))
+    media = {k: kwargs[k] for k in _MEDIA_KWARGS if isinstance(kwargs.get(k), torch.Tensor | list | tuple)}
+    skip.update(k for k, v in media.items() if len(v) == 0)  # a split left it empty (a list: decoded images)
     out = {key: value for key, value in kwargs.items() if key not in skip}
     out = normalized_pixels(out, batch.source_metadata, model_dtype(model) if model is not None else None)
     out.update(forward_kwargs(batch, backend=backend, mask=mask, dtype=dtype))

@@ -35,15 +35,13 @@ so `normalized_pixels` finds every target from the entries' shapes and the batch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from puzzletron.dataset.tokenize._resize import host_to_device, resize_rgb
-
-if TYPE_CHECKING:  # processor.py imports this module (lazily): no cycle at import time
-    from puzzletron.dataset.tokenize.processor import GridConfig
+from puzzletron.dataset.tokenize.grid import GridConfig
 
 __all__ = [
     "decoded_pixels",
@@ -153,8 +151,6 @@ def _patches_of_decoded(
 ) -> torch.Tensor:
     """uint8 patches of decoded images (each at its own or its target size: `decoded_pixels`); each target
     from the entry's shape, a host fact (no read of a device value)."""
-    from puzzletron.dataset.tokenize.processor import GridConfig
-
     config = GridConfig(**{k: int(v) for k, v in facts.items()})
     if not images:
         width = 3 * config.temporal_patch_size * config.patch_size**2
