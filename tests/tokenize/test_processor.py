@@ -1,6 +1,6 @@
-"""The processor parts the VLM path uses: the image grid computed from an image's size equals the image
-processor's (its own ``smart_resize`` over thousands of sizes, and the processor on real images), objects and
-directories give the same parts, and a processor of another family is a `ConfigError` naming what it lacks."""
+"""The processor parts the VLM path uses: the image grid computed from an image's size equals the
+processor's on real images, objects and directories give the same parts, and a processor of another family
+is a `ConfigError` naming what it lacks."""
 
 from __future__ import annotations
 
@@ -12,55 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from _conversation_samples import pil_image
 from _vlm_reference import LOADERS
 from puzzletron.dataset.errors import ConfigError
-from puzzletron.dataset.tokenize import GridConfig, build_vlm_store, vlm_processor
+from puzzletron.dataset.tokenize import build_vlm_store, vlm_processor
 from puzzletron.fixtures.tokenizer import CHAT_TEMPLATE
-
-CONFIGS = {
-    "qwen2_5 hub": GridConfig(14, 2, 2, 56 * 56, 28 * 28 * 16384),
-    "qwen3 hub": GridConfig(16, 2, 2, 65536, 16777216),
-    "fixture": GridConfig(14, 2, 2, 56 * 56, 448 * 448),
-    "small patch 16": GridConfig(16, 2, 2, 32 * 32, 256 * 256),
-}
-
-
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_grids_equal_smart_resize_over_thousands_of_sizes(name: str) -> None:
-    config = CONFIGS[name]
-    rng = np.random.default_rng(1)
-    sides = [1, 2, 3, 13, 27, 28, 29, 55, 56, 57, 200, 201, 4000]
-    edges = np.array([(w, h) for w in sides for h in sides])
-    sizes = np.concatenate([rng.integers(1, 5000, (3000, 2)), edges, [[1500, 8], [2, 300], [300, 2]]])
-    grid, refused = config.grids(sizes[:, 0], sizes[:, 1])
-    factor = config.patch_size * config.merge_size
-    for (w, h), g, r in zip(sizes.tolist(), grid.tolist(), refused.tolist(), strict=True):
-        try:
-            h_bar, w_bar = smart_resize(h, w, factor, config.min_pixels, config.max_pixels)
-        except ValueError:
-            assert r, (w, h)
-            continue
-        assert not r and g == [1, h_bar // config.patch_size, w_bar // config.patch_size], (w, h)
-    assert refused.sum() > 0
-
-
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_the_grid_of_an_images_target_size_is_its_grid_but_past_max_pixels(name: str) -> None:
-    # what lets the device find a decoded image's target from its shape whether it travels at its own size
-    # or was resized to its target in the worker (tokenize._pixels.decoded_pixels)
-    config = CONFIGS[name]
-    sizes = np.concatenate([np.random.default_rng(2).integers(1, 5000, (5000, 2)), [[3130, 34], [28, 2839]]])
-    grid, refused = config.grids(sizes[:, 0], sizes[:, 1])
-    grid = grid[~refused]
-    again, refused_again = config.grids(grid[:, 2] * config.patch_size, grid[:, 1] * config.patch_size)
-    same = (again == grid).all(axis=1)
-    assert not refused_again.any() and np.array_equal(config.is_own_target(grid), same)
-    over = grid[:, 1] * grid[:, 2] * config.patch_size**2 > config.max_pixels
-    assert np.array_equal(~same, over)  # only where smart_resize kept a side past max_pixels
-    assert over.any() == (name == "small patch 16")
 
 
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
