@@ -100,7 +100,8 @@ def build_vlm_batches(
     (with ``pixel_dtype=torch.uint8``): workers only decode; ``pixel_values`` is then a list of the decoded
     images (uint8 ``[H, W, 3]``, one an image, none with more bytes than its uint8 patches) that
     `clients.attention.model_inputs` resizes, patchifies and normalises after ``.to(device)``, bit for bit
-    the processor's output (a plain ``Qwen2VLImageProcessorPil`` only). A packed plan is
+    the processor's output (a plain ``Qwen2VLImageProcessorPil`` only; for batches bound to an accelerator:
+    on a CPU that resize costs about 10x Pillow's). A packed plan is
     planned once and memory-mapped by every rank and restart (`puzzletron.dataset.packing.plan_cache`): in
     ``plan_cache``, by default ``cache_dir/.plans``, else ``.<store name>.plans`` beside the store (planned
     in memory when that folder cannot be written).
