@@ -70,10 +70,12 @@ and patchify that `clients.attention.model_inputs` runs after ``.to(device)``: o
 device work (no GPU was lent to measure it); on a CPU it would cost about 119 us an image token
 (``benchmarks/bench_device_resize.py``). Its shares in one
 process: read + decode about 50 %, positions and the rest of attaching media 25-35 %, the worker resize of
-images over twice their target plus the copies 10-15 %. Its workers-to-one-process ratio is noisy and
-above 1.15 at pack 8192. Moving its batches through the shared-memory transport alone costs 0.39 us a token
-(91 images in 12 batches, in one process), so the excess is not the transport. The more likely cause is
-the trainer and 2 workers contending for 2 cores.
+images over twice their target plus the copies 10-15 %. Its workers-to-one-process ratio is above 1.15 at
+pack 8192: 1.34-1.73 over three runs (96 steps in the third: 1.57 with 2 workers, 1.67 with 1). Where the
+excess is: the trainer's own CPU is 0.9 us a token (startup included), the shared-memory round trip of
+these batches 0.39 us (timed alone in one process), and the worker's ``__getitem__`` itself 5.7 us against
+3.6-4.4 in one process. So the excess is inside the worker's build of the same batches, not in moving them.
+Its cause was not found; one process costs 4.4 us with 1 torch thread and 3.9 with 2.
 
 Shares in one process (bfloat16, pack 4096): read + decode 16 %, image processor 77 % (PIL's bicubic resize
 is about 55 % of it and 80 % of the uint8 path's), tokens 3 %, positions 4 %. Scaling: 2 workers delivered
