@@ -31,7 +31,9 @@ def _image(seed: int, size: tuple[int, int], jpeg: bool) -> Image.Image:
         return image
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=85)
-    return Image.open(io.BytesIO(buffer.getvalue()))  # a file-backed JPEG: the subset keeps its bytes
+    # JPEG's values, but a PIL image with no file behind it: the subset stores it as a PNG (JPEG bytes, kept
+    # as they are, are what tests of JPEG decoding pass: tests/pipelines/test_vlm.py::_jpeg_subset)
+    return Image.open(io.BytesIO(buffer.getvalue()))
 
 
 def _text(rnd: random.Random, longest: int) -> str:

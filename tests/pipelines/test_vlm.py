@@ -5,6 +5,9 @@ every layout and after ``dp_slice``, ``pp_microbatches`` and a gathered ``cp_par
 
 from __future__ import annotations
 
+import io
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +18,8 @@ from hypothesis import strategies as st
 
 from _tiny_models import tiny_qwen2_5_vl, tiny_qwen3_vl
 from _vlm_checks import Reference, check_documents, check_forward
-from _vlm_data import PLANTED
+from _vlm_data import PLANTED, vlm_samples
+from puzzletron.dataset import materialize_normalized_conversation_samples
 from puzzletron.dataset.batch import DataLayout, Modality
 from puzzletron.dataset.batch.cp import batch_cp_indices, gather_cp_partitions
 from puzzletron.dataset.clients.attention import model_inputs
@@ -211,6 +215,45 @@ def test_decoded_images_resized_on_the_device_give_the_uint8_batches_bit_for_bit
         ConfigError, match=r"device_resize=True ships uint8 decoded images; it needs pixel_dtype"
     ):
         _batches(kind, vlm_stores, processor_dirs, vlm_subset, spec, batch_size=1, device_resize=True)
+
+
+def _jpeg_subset(out: Path) -> Path:
+    """`vlm_samples` with their JPEG images as JPEG bytes (kept as they are; a PIL image becomes a PNG)."""
+    samples = vlm_samples(40)
+    for sample in samples:
+        for turn in sample["conversation"]:
+            for item in turn["content"] if isinstance(turn["content"], list) else ():
+                if item.get("type") == "image" and item["image"].format == "JPEG":
+                    buffer = io.BytesIO()
+                    item["image"].save(buffer, format="JPEG", quality=85)
+                    item["image"] = buffer.getvalue()
+    materialize_normalized_conversation_samples(iter(samples), out)
+    return out
+
+
+def test_draft_decoded_images_resized_on_the_device_give_the_draft_uint8_batches(
+    processor_dirs, tmp_path
+) -> None:
+    subset = _jpeg_subset(tmp_path / "jpegs")
+    tight = tmp_path / "tight"  # a small pixel budget: targets at most half their JPEGs' sides get drafted
+    shutil.copytree(processor_dirs["qwen2_5_vl"], tight)
+    config = json.loads((tight / "preprocessor_config.json").read_text())
+    (tight / "preprocessor_config.json").write_text(
+        json.dumps({**config, "min_pixels": 784, "max_pixels": 3136})
+    )
+    common = {"processor": tight, "spec": _spec(), "batch_size": 2, "seed": 1,
+              "cache_dir": tmp_path / "stores", "pixel_dtype": torch.uint8}  # fmt: skip
+    full = build_vlm_batches(subset, **common)
+    patches = build_vlm_batches(subset, **common, draft=True)
+    decoded = build_vlm_batches(subset, **common, draft=True, device_resize=True)
+    drafted = 0
+    for whole, want, got in zip(full, patches, decoded, strict=True):
+        ours, theirs = model_inputs(got, backend="sdpa"), model_inputs(want, backend="sdpa")
+        assert ours.keys() == theirs.keys()
+        if "pixel_values" in theirs:
+            assert torch.equal(ours["pixel_values"], theirs["pixel_values"])
+            drafted += not torch.equal(want.model_kwargs["pixel_values"], whole.model_kwargs["pixel_values"])
+    assert drafted > 0  # some images were decoded at a reduced size (their pixels differ from a full decode)
 
 
 def test_pixels_in_bfloat16(vlm_stores, processor_dirs, vlm_subset, references) -> None:
