@@ -76,8 +76,8 @@ excess is: the trainer's own CPU is 0.9 us a token (startup included), the share
 these batches 0.39 us (timed alone in one process), and the worker's ``__getitem__`` itself 5.7 us against
 3.6-4.4 in one process. So the excess is inside the worker's build of the same batches, not in moving them.
 A plain ``torch.utils.data.DataLoader`` worker that returns only an int costs the same 5.7 us in
-``__getitem__``, while a plain ``os.fork`` child with 1 torch thread costs 3.7-4.1: the excess comes with
-the DataLoader's worker process, not with this project's transport. Its cause was not found.
+``__getitem__``. The same build in a plain forked child costs 3.7-5.2 us from run to run (4.5-5.1 in a
+``multiprocessing.Process``): on this VM that spread is as large as the excess, so no cause is claimed.
 
 Shares in one process (bfloat16, pack 4096): read + decode 16 %, image processor 77 % (PIL's bicubic resize
 is about 55 % of it and 80 % of the uint8 path's), tokens 3 %, positions 4 %. Scaling: 2 workers delivered
