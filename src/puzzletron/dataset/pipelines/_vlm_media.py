@@ -100,6 +100,12 @@ class VlmMedia:
     device_resize: bool = False
 
     @functools.cached_property
+    def parts(self) -> VlmProcessor:
+        """The processor's parts, resolved once per process (a directory is hashed to find its cache entry:
+        milliseconds for a real tokenizer, so not once a batch)."""
+        return vlm_processor(self.processor)
+
+    @functools.cached_property
     def shards(self) -> MediaShards | None:
         """The subset's media shards (a version-3 subset), None when its images are files."""
         manifest = subset_manifest(self.subset, records=False, source=self.files)
@@ -152,12 +158,14 @@ class VlmMedia:
         except OSError as exc:
             raise SnapshotError(f"{where}: cannot read it: {exc}") from exc
 
-    def _images(self, images: np.ndarray, grid: np.ndarray, patch: int) -> tuple[list[Any], list[Any]]:
+    def _images(self, images: np.ndarray, grid: np.ndarray) -> tuple[list[Any], list[Any]]:
         """The decoded images ``images`` (RGB, SHA-256 checked; ``draft``: toward their target sizes) and
         what has each one's size as displayed (the images themselves; with ``draft``, their headers')."""
-        sizes: list[Any] = (grid[:, [2, 1]] * patch).tolist() if self.draft else [None] * len(images)
+        config = self.parts.grid
+        sizes: list[Any] = (
+            (grid[:, [2, 1]] * config.patch_size).tolist() if self.draft else [None] * len(images)
+        )
         if self.draft and self.device_resize:  # a grid its target does not give back: decoded in full
-            config = vlm_processor(self.processor).grid
             own = config.is_own_target(grid).tolist()
             sizes = [size if ok else None for size, ok in zip(sizes, own, strict=True)]
         blobs, where = self.blobs(images), f"the VLM store {self.store.path}"
@@ -170,14 +178,14 @@ class VlmMedia:
         return decoded, [types.SimpleNamespace(size=shown_size(data, where=where)) for data in blobs]
 
     def _pixels(self, images: np.ndarray, grid: np.ndarray) -> tuple[Any, torch.Tensor]:
-        parts = vlm_processor(self.processor)
+        parts = self.parts
         if self.device_resize and not images.size:
             return [], torch.zeros(0, 3, dtype=torch.long)
         if not images.size:
             g = parts.grid
             width = 3 * g.temporal_patch_size * g.patch_size**2
             return torch.zeros(0, width, dtype=self.pixel_dtype), torch.zeros(0, 3, dtype=torch.long)
-        decoded, shown = self._images(images, grid, parts.grid.patch_size)
+        decoded, shown = self._images(images, grid)
         if (bad := parts.grid.first_other(shown, grid)) >= 0:
             raise SnapshotError(
                 f"image {int(images[bad])} of the VLM store {self.store.path} is {shown[bad].size[0]}x"
@@ -202,10 +210,9 @@ class VlmMedia:
         ``device_resize``, ``pixel_resize`` too (the grid facts that give each image's target size)."""
         if self.pixel_dtype != torch.uint8:
             return {}
-        parts = vlm_processor(self.processor)
-        out: dict[str, Any] = {"pixel_normalization": pixel_normalization(parts.image_processor)}
+        out: dict[str, Any] = {"pixel_normalization": pixel_normalization(self.parts.image_processor)}
         if self.device_resize:
-            out["pixel_resize"] = parts.grid.facts()
+            out["pixel_resize"] = self.parts.grid.facts()
         return out
 
     def images_of(self, samples: np.ndarray) -> ImageBlock:
