@@ -4,6 +4,7 @@ configs, and any other processor (or image) falls back to the processor itself."
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from puzzletron.dataset.conversation.images import decode_rgb
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.tokenize import GridConfig, vlm_processor
 from puzzletron.dataset.tokenize._pixels import (
+    _pair_table,
+    _table_of,
     decoded_pixels,
     fast_pixels,
     normalize_pixels,
@@ -42,6 +45,40 @@ def test_pixels_equal_the_image_processor(
     got, grid_out, computed = parts.pixels(images, grid, dtype=dtype)
     assert computed and torch.equal(grid_out, want["image_grid_thw"])
     assert got.dtype == dtype and torch.equal(got, want["pixel_values"].to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_pair_table_holds_the_outputs_of_both_values_of_every_pair(dtype: torch.dtype) -> None:
+    norm = {"rescale_factor": 1 / 255, "image_mean": [0.48, 0.46, 0.41], "image_std": [0.27, 0.26, 0.28]}
+    table = _table_of(norm, dtype)
+    pairs = _pair_table(table)
+    assert pairs.shape == (3, 65536) and pairs.dtype.itemsize == 2 * table.dtype.itemsize
+    # the two uint8 values whose bytes make each index, as they lie in memory
+    values = np.arange(65536, dtype=np.uint16).view(np.uint8).reshape(-1, 2)
+    for c in range(3):
+        both = pairs[c].view(table.dtype).reshape(-1, 2)
+        assert np.array_equal(both, table[c][values])
+
+
+@pytest.mark.parametrize("patch_size", [15, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8])
+def test_pixels_equal_the_image_processor_for_an_odd_or_even_patch(
+    patch_size: int, dtype: torch.dtype, processor_dirs: dict[str, Path]
+) -> None:
+    # an odd patch has an odd count of values a row, so its values are gathered one at a time
+    processor = LOADERS["qwen2_5_vl"](processor_dirs["qwen2_5_vl"])
+    image_processor = processor.image_processor
+    image_processor.patch_size = patch_size
+    images = [pil_image(i, size) for i, size in enumerate(SIZES)]
+    config = dataclasses.replace(vlm_processor(processor).grid, patch_size=patch_size)
+    grid, _ = config.grids(*np.array(SIZES).T)
+    raw = {"do_rescale": False, "do_normalize": False} if dtype == torch.uint8 else {}
+    want = image_processor(images=images, return_tensors="pt", **raw)
+    assert torch.equal(want["image_grid_thw"], torch.as_tensor(grid))
+    got = fast_pixels(
+        image_processor, images, grid, patch_size=patch_size, merge_size=2, temporal_patch_size=2, dtype=dtype
+    )
+    assert got is not None and got.dtype == dtype and torch.equal(got, want["pixel_values"].to(dtype))
 
 
 def test_another_processor_or_image_mode_falls_back(processor_dirs: dict[str, Path]) -> None:
