@@ -212,3 +212,20 @@ def test_draft_leaves_other_formats_whole_and_follows_the_exif_orientation():
     assert decode_rgb(turned).size == (200, 400)
     assert decode_rgb(turned, draft=(50, 100)).size == (50, 100)  # 1/4 of the stored 400x200, turned
     assert decode_rgb(turned, draft=(150, 100)).size == (200, 400)  # wider than half what is shown: whole
+
+
+@pytest.mark.parametrize("kind", ["jpeg", "png", "grey"])
+def test_decode_rgb_gives_the_decoded_rgb_values_with_the_data_closed(kind):
+    rgb = pil_image(5, (37, 23))
+    buffer = io.BytesIO()
+    (rgb.convert("L") if kind == "grey" else rgb).save(buffer, format="PNG" if kind == "png" else "JPEG")
+    data = buffer.getvalue()
+    with Image.open(io.BytesIO(data)) as opened:
+        want = np.asarray(opened.convert("RGB"))
+    image = decode_rgb(data)
+    del data, buffer  # the image holds its own pixels, decoded before its source closed
+    assert image.mode == "RGB" and image.size == (37, 23)
+    assert np.array_equal(np.asarray(image), want)
+    assert np.array_equal(
+        np.asarray(image.resize((20, 10))), np.asarray(Image.fromarray(want).resize((20, 10)))
+    )
