@@ -24,6 +24,7 @@ import torch
 from puzzletron.dataset.batch import PuzzletronBatch
 from puzzletron.dataset.distributed.sampler import BatchKey, DistributedPackSampler
 from puzzletron.dataset.distributed.transport import shared_collate
+from puzzletron.dataset.distributed.worker_memory import keep_freed_memory
 from puzzletron.dataset.errors import ConfigError, PuzzletronDataError
 
 __all__ = [
@@ -150,13 +151,15 @@ def batch_loader(
 ) -> PuzzletronDataLoader:
     """A `PuzzletronDataLoader` over ``batches.dataset`` in ``batches.sampler``'s order; each step yields
     ``collate_fn([batch])`` (default: the `PuzzletronBatch` itself). Worker processes (``num_workers``)
-    hand it over with every tensor in one shared-memory segment (`transport.shared_collate`). A batch that
-    fails is a `BatchError` (module docstring); the loader's ``dataset`` is ``batches.dataset`` behind the
-    wrapper that names it."""
+    hand it over with every tensor in one shared-memory segment (`transport.shared_collate`) and keep the
+    memory they free for the next batch (`worker_memory.keep_freed_memory`). A batch that fails is a
+    `BatchError` (module docstring); the loader's ``dataset`` is ``batches.dataset`` behind the wrapper that
+    names it."""
     return PuzzletronDataLoader(
         _Named(batches.dataset),
         batch_sampler=KeyBatchSampler(batches.sampler),
         collate_fn=shared_collate(collate_fn) if num_workers > 0 else collate_fn,
         num_workers=num_workers,
         pin_memory=pin_memory,
+        worker_init_fn=keep_freed_memory if num_workers > 0 else None,
     )
