@@ -24,8 +24,9 @@ processor's own dtype; ``uint8``, the opt-in transport normalised on the device;
   ``--skip`` .. ``--steps`` (a run of ``--skip`` batches subtracted from a run of ``--steps``: what an
   epoch of thousands of batches pays per token), ``transfer`` = that minus ``in_process`` over the same
   batches (what moving batches from workers costs), their ratio, ``startup_cpu_s`` (forking the workers,
-  their first pages), tokens per wall second and ``scaling`` (against ``k`` times one worker's), and the
-  peak RSS of a worker. The breakdown leaves out the same first ``--skip`` batches.
+  their first pages), tokens per wall second and ``scaling`` (against ``k`` times one worker's), the
+  peak RSS of a worker and minor page faults per 1,000 tokens (the breakdown has them too: pages faulted in
+  afresh, `distributed.worker_memory`). The breakdown leaves out the same first ``--skip`` batches.
 
 ``--draft`` adds the reduced-size decode (Pillow ``draft``) at a tight pixel budget (``max_pixels`` 250,880,
 where some images qualify): its CPU against the full decode on the same batches, and the pixel difference
@@ -78,6 +79,28 @@ these batches 0.39 us (timed alone in one process), and the worker's ``__getitem
 A plain ``torch.utils.data.DataLoader`` worker that returns only an int costs the same 5.7 us in
 ``__getitem__``. The same build in a plain forked child costs 3.7-5.2 us from run to run (4.5-5.1 in a
 ``multiprocessing.Process``): on this VM that spread is as large as the excess, so no cause is claimed.
+
+Stop 31: the default pixels gather two values a lookup (`tokenize._pixels`: a pair table, no index array),
+``decode_rgb`` no longer copies an RGB image, and loader workers keep the memory they free
+(`distributed.worker_memory`). This VM was slower again and noisier than stop 30's (the same build swung
+by up to 30 % from run to run), so before and after were run in turn, twice; us of CPU per delivered
+token, 2 workers, pack 4096 / 8192:
+
+================================  ======================  ======================
+2 workers                         before (2fbaf10)        after
+================================  ======================  ======================
+bfloat16 (default), pair 1        30.2 / 28.7             26.3 / 20.3
+bfloat16 (default), pair 2        34.1 / 26.5             28.1 / 35.9
+decoded, pair 1                   10.2 / 9.4              7.4 / 6.9
+decoded, pair 2                   8.5 / 9.8               9.7 / 7.1
+bfloat16 in one process           24.4-32.4 / 26.2-35.2   22.5-25.5 / 20.5-28.0
+================================  ======================  ======================
+
+Measured alone, with less noise (minimum of 11 repeats): the bfloat16 pixels of 40 images fell from 26.2
+to 20.6 us an image token (Pillow's resize is 14.3 of them), a JPEG's decode by 10-15 %. Per 1,000 tokens
+at pack 8192, a worker faulted 96-150 pages in (bfloat16) and 310-520 (decoded), and now 72-85 and 7; one
+worker's CPU a token went from 21.3-23.3 to 18.8-20.5 us (bfloat16) and from 6.1-6.8 to 5.7-5.8 (decoded),
+against 16-18 and 6.1-7.1 in one process.
 
 Shares in one process (bfloat16, pack 4096): read + decode 16 %, image processor 77 % (PIL's bicubic resize
 is about 55 % of it and 80 % of the uint8 path's), tokens 3 %, positions 4 %. Scaling: 2 workers delivered
@@ -186,19 +209,31 @@ def _measure_breakdown(args: dict[str, Any]) -> dict[str, Any]:
     keys = keys[int(args["skip"]) :]
     spent = dict.fromkeys(spent, 0.0)
     delivered = image_tokens = pixel_bytes = 0
-    start = time.process_time()
+    faults, start = _minor_faults(), time.process_time()
     for key in keys:
         batch = batches.dataset[key]
         delivered += _consume(batch)
         image_tokens += _image_tokens(batch)
         pixel_bytes += sum(t.nbytes for t in _pixel_tensors(batch))
     total = time.process_time() - start
+    faults = _minor_faults() - faults
     out = {k: v / delivered for k, v in spent.items()}
     out["positions"] = total / delivered - sum(out.values())
     out["in_process"] = total / delivered
     out["bytes_per_image_token"] = pixel_bytes / max(image_tokens, 1)
     out["tokens"] = out.pop("tokens")
-    return {"per_token_s": out, "delivered": delivered, "image_tokens": image_tokens}
+    return {
+        "per_token_s": out, "delivered": delivered, "image_tokens": image_tokens,
+        "minor_faults_per_1k_tokens": 1000 * faults / delivered,
+    }  # fmt: skip
+
+
+def _minor_faults(*, children: bool = False) -> int:
+    """Minor page faults of this process (and of its exited children): pages faulted in afresh."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    return own + (resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt if children else 0)
 
 
 def _measure_loader(args: dict[str, Any]) -> dict[str, Any]:
@@ -213,7 +248,7 @@ def _measure_loader(args: dict[str, Any]) -> dict[str, Any]:
 
     batches = _batches(args)
     steps = int(args["steps"])
-    start, wall = cpu(), time.perf_counter()
+    faults, start, wall = _minor_faults(children=True), cpu(), time.perf_counter()
     loader = batches.loader(num_workers=int(args["workers"]))
     delivered = 0
     for seen, batch in enumerate(loader, start=1):
@@ -225,7 +260,14 @@ def _measure_loader(args: dict[str, Any]) -> dict[str, Any]:
     gc.collect()
     time.sleep(0.5)
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    return {"cpu_s": cpu() - start, "tokens": delivered, "wall_s": wall, "worker_peak_rss": rss}
+    faults = _minor_faults(children=True) - faults
+    return {
+        "cpu_s": cpu() - start,
+        "tokens": delivered,
+        "wall_s": wall,
+        "worker_peak_rss": rss,
+        "faults": faults,
+    }
 
 
 def _loader_figures(
@@ -244,6 +286,9 @@ def _loader_figures(
         "ratio_to_in_process": marginal / in_process,
         "tokens_per_s": (full["tokens"] - short["tokens"]) / (full["wall_s"] - short["wall_s"]),
         "worker_peak_rss": full["worker_peak_rss"],
+        "minor_faults_per_1k_tokens": 1000
+        * (full["faults"] - short["faults"])
+        / (full["tokens"] - short["tokens"]),
     }
 
 

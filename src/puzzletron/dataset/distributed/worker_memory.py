@@ -4,9 +4,10 @@ A worker builds batches of the same shape again and again: decoded images, resiz
 ``pixel_values`` (tens of MB), all freed once the batch is handed over. glibc's malloc returns such memory
 to the kernel (large blocks are ``mmap``-ed and unmapped on free; the top of the heap is trimmed past
 ``M_TRIM_THRESHOLD``), so the next batch takes a page fault and a zeroed page for every 4 KiB it touches.
-Measured on the VLM benchmark subset at pack 8192 (``benchmarks/bench_vlm_cpu.py``): 150 minor faults per
-1,000 tokens in a bfloat16 worker, 420-520 in a decoded-image one, and 10-25 % of their CPU; with freed
-memory kept, 5-20.
+Measured on the VLM benchmark subset at pack 8192 (``benchmarks/bench_vlm_cpu.py``): 96-150 minor faults
+per 1,000 tokens in a bfloat16 worker, 310-520 in a decoded-image one, and about a tenth of their CPU; with
+freed memory kept, 72-85 and 7 (a block over 32 MiB, a pack's whole ``pixel_values``, is still mapped
+afresh).
 
 `keep_freed_memory()` sets, for the calling process only, ``M_MMAP_THRESHOLD`` to 32 MiB (glibc's largest:
 blocks up to it come from the heap, and so are reused) and ``M_TRIM_THRESHOLD`` to 1 GiB (the heap is not
