@@ -298,11 +298,11 @@ def decode_rgb(data: bytes, *, where: str = "image", draft: tuple[int, int] | No
                     width, height = draft[::-1] if orientation in _TURNED else draft  # as stored
                     if 2 * width <= image.size[0] and 2 * height <= image.size[1]:
                         image.draft("RGB", (width, height))
-                if orientation == 1 and image.mode == "RGB":
+                if orientation != 1:
+                    return ImageOps.exif_transpose(image).convert("RGB")
+                if image.mode == "RGB":
                     image.load()  # decoded while the data is open; already RGB: convert would copy it
                     return image
-                if orientation == 1:
-                    return image.convert("RGB")
-                return ImageOps.exif_transpose(image).convert("RGB")
+                return image.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError, Warning) as exc:
         raise ImageError(f"{where}: cannot decode the image ({type(exc).__name__}: {exc})") from exc
