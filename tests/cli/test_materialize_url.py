@@ -1,5 +1,6 @@
 """`puzzletron-data materialize ... --output s3://...`: built in scratch, published with the manifest last,
-read back, reused without the Hub, refused for another spec, and republished after a failed publish."""
+read back, reused without the Hub, refused for another spec, and republished after a failed publish (with
+no file uploaded twice)."""
 
 from __future__ import annotations
 
@@ -96,8 +97,13 @@ def test_a_publish_that_fails_before_the_manifest_leaves_none_and_the_rerun_publ
     assert listing and "manifest.json" not in listing  # the data went up, the publication did not
     assert not any(rel.endswith(".claim.json") for rel in Objects(bucket).list())  # a clean failure
     monkeypatch.setattr(Objects, "create_once", real)
+    uploaded, put_file = [], Objects.put_file
+    monkeypatch.setattr(
+        Objects, "put_file", lambda o, rel, local: (uploaded.append(rel), put_file(o, rel, local))
+    )
     assert main(["materialize", "puzzle-kd", "--output", url, *_KD]) == 0
     assert _lines(capsys)[0]["status"] == "done"
+    assert uploaded == []  # built again to the same bytes: every file is there as the journal recorded it
     assert main(["verify", url, "--json"]) == 0
 
 

@@ -6,26 +6,33 @@ Object storage has no rename, so the manifest is the publication: the prefix is 
 identity (`claims.take_claim`: a publish of another identity is refused before anything is written), every
 other file is uploaded, and the manifest is written last, once (`Objects.create_once`, ``If-None-Match:
 *``). A reader that finds the manifest finds every file it lists; a publish killed or failed before it leaves
-no manifest, and its rerun uploads again. A prefix that already holds the same manifest bytes is reused
-(nothing uploaded); one whose manifest records another ``acquisition`` is refused, naming both.
+no manifest. Its rerun (any node) uploads only what is not there yet as it was uploaded: the publish keeps a
+journal of its uploads in the staging prefix (`storage.upload_journal`: each file's size, xxh3_128 and the
+ETag its object got), removed once the manifest is written. A prefix that already holds the same manifest
+bytes is reused (nothing uploaded); one whose manifest records another ``acquisition`` is refused, naming
+both.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from puzzletron.dataset.errors import SnapshotError
 from puzzletron.dataset.storage.claims import release_claim, take_claim
 from puzzletron.dataset.storage.objects import Objects
+from puzzletron.dataset.storage.upload_journal import UploadJournal
 
 __all__ = ["MAX_PUBLISHED_MANIFEST_BYTES", "publish_folder", "published_manifest"]
 
 MAX_PUBLISHED_MANIFEST_BYTES = 1 << 30  # a subset's manifest: ~200 bytes an image
 _MANIFEST = "manifest.json"
+_LOG = logging.getLogger(__name__)
 
 
 def published_manifest(url: str, *, manifest: str = _MANIFEST) -> bytes | None:
@@ -81,11 +88,12 @@ def publish_folder(
         return False
     owner = secrets.token_hex(8)
     take_claim(url, digest, owner, what=what)
+    journal = UploadJournal(url, digest, owner)
     try:
         there = published_manifest(url, manifest=manifest)  # published by another while we claimed
         if there is None:
             objects = Objects(url)
-            objects.upload(folder, last=manifest)
+            _upload(objects, Path(folder), journal, last=manifest)
             if not objects.create_once(manifest, mine):
                 there = published_manifest(url, manifest=manifest)
                 if there is None:
@@ -95,5 +103,35 @@ def publish_folder(
     except BaseException:  # a clean failure leaves the claim of a live publish it joined alone
         release_claim(url, digest, owner=owner)
         raise
+    journal.clear()  # the parts of this publish and of those it resumed
     release_claim(url, digest)  # the manifest says what the prefix holds from now on
     return there is None
+
+
+def _upload(objects: Objects, folder: Path, journal: UploadJournal, *, last: str) -> None:
+    """Upload every regular file under `folder` by relative path but `last` (the manifest), passing over
+    those an earlier publish of this identity uploaded as they are now (`UploadJournal.holds`); what this
+    call uploads is journaled, also when it fails part-way."""
+    journal.load()
+    listing = objects.list()
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    files = [(p.relative_to(folder).as_posix(), p) for p in files]
+    kept = 0
+    try:
+        for rel, local in files:
+            if rel == last:
+                continue
+            if journal.holds(rel, local, listing.get(rel)):
+                kept += 1
+                continue
+            objects.put_file(rel, local)
+            journal.record(rel, local, objects.info(rel))
+    except BaseException:
+        with suppress(OSError):  # the upload's own error is the one to see
+            journal.flush()
+        raise
+    journal.flush()
+    if kept:
+        total = sum(rel != last for rel, _ in files)
+        _LOG.info("%s: %d of %d files were there from an earlier publish; uploaded the rest", objects.url,
+                  kept, total)  # fmt: skip
