@@ -174,3 +174,27 @@ def test_pack_report_of_a_mixture_prints_each_component_and_draws_its_shares(
     assert main([*args, "--cache-dir", str(tmp_path / "stores"), "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert [c["name"] for c in facts["components"]] == ["chat", "more"] and facts["max_share_gap_rows"] <= 2
+
+
+def test_a_snapshot_and_a_store_at_urls_report_the_plan_of_the_same_snapshot_in_a_folder(
+    hub_endpoint, bucket, tokenizer, tmp_path, capsys
+):
+    url, folder, store = f"{bucket}/snapshots/pk", tmp_path / "pk", f"{bucket}/stores/pk"
+    for output in (url, str(folder)):
+        argv = ["materialize", "puzzle-kd", "--output", output, "--train-samples", "24"]
+        assert main([*argv, "--validation-samples", "2", "--quiet"]) == 0
+    assert main(["tokenize", url, "--tokenizer", str(tokenizer), "--output", store, "--quiet"]) == 0
+    capsys.readouterr()
+    reports = {}
+    for source in (url, str(folder), store):
+        picture = tmp_path / f"{len(reports)}.png"
+        assert main([*_args(source, tokenizer, picture, "--pack-size", "512", "--seed", "5"), "--json"]) == 0
+        reports[source] = json.loads(capsys.readouterr().out)
+        assert picture.read_bytes()[:8] == PNG_MAGIC
+    keys = ("row_count", "sample_count", "token_count", "packs", "lower_bound_packs", "efficiency")
+    plans = [{key: report[key] for key in keys} for report in reports.values()]
+    assert plans[0]["row_count"] == 24 and plans[0]["packs"] >= 1
+    assert plans == [plans[1]] * 3
+    assert [report["path"] for report in reports.values()] == [url, str(folder.absolute()), store]
+    assert main(_args(url, tokenizer, tmp_path / "t.png", "--pack-size", "512")) == 0
+    assert f"snapshot        {url} [train]: 24 rows\n" in capsys.readouterr().out

@@ -1,11 +1,12 @@
 """`puzzletron-data pack-report`: plan the packing of a text snapshot split (or a token store) and draw it.
 
 The source is a text snapshot (tokenised here with ``--tokenizer``) or a token store (its lengths are read,
-no tokenizer). The picture (a PNG) shows the first rows as bars split by sample, and the length histogram;
-the numbers (rows against the lower bound, efficiency, lengths, what was dropped, timings) go to stdout
-(``--json``: one line, keys of `puzzletron.cli._output` plus the plan's). Errors are reported by
-`puzzletron.cli.main`: exit 1 on a data error (snapshot, split, tokenizer, rows), 2 on a bad option
-(`ConfigError`, e.g. ``--pack-size 0``, or a snapshot without ``--tokenizer``).
+no tokenizer), a folder or an URL (a text snapshot at an URL is read from the node's verified copy,
+`formats.local_copy`; a store through its ranged reads). The picture (a PNG) shows the first rows as bars
+split by sample, and the length histogram; the numbers (rows against the lower bound, efficiency, lengths,
+what was dropped, timings) go to stdout (``--json``: one line, keys of `puzzletron.cli._output` plus the
+plan's). Errors are reported by `puzzletron.cli.main`: exit 1 on a data error (snapshot, split, tokenizer,
+rows), 2 on a bad option (`ConfigError`, e.g. ``--pack-size 0``, or a snapshot without ``--tokenizer``).
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ def draw_packing(plan: Any, lengths: np.ndarray, out: Path, *, title: str = "", 
     save_figure(fig, out)
 
 
+def _local_snapshot(snapshot: str) -> Path:
+    """The folder of the text snapshot `snapshot`: itself, or for an URL the node's verified copy."""
+    from puzzletron.dataset.formats.local_copy import local_text_snapshot
+    from puzzletron.dataset.storage.objects import is_url
+
+    return local_text_snapshot(snapshot) if is_url(snapshot) else Path(snapshot)
+
+
 def _pack_report(args: argparse.Namespace) -> int:
     """Print the report and write the picture; a bad option raises `ConfigError` before any work."""
     import datasets
@@ -102,6 +111,7 @@ def _pack_report(args: argparse.Namespace) -> int:
     from puzzletron.dataset.formats.token_store import TokenStore
     from puzzletron.dataset.packing import plan_packing
     from puzzletron.dataset.pipelines.text import is_token_store, load_text_split
+    from puzzletron.dataset.storage.objects import is_url, url_name
     from puzzletron.dataset.tokenize import tokenize_conversations
 
     datasets.disable_progress_bars()
@@ -121,7 +131,7 @@ def _pack_report(args: argparse.Namespace) -> int:
     else:
         if args.tokenizer is None:
             raise ConfigError(f"--tokenizer is required: {args.snapshot} is not a token store")
-        rows = load_text_split(Path(args.snapshot), split=args.split)
+        rows = load_text_split(_local_snapshot(args.snapshot), split=args.split)
         tokenized = tokenize_conversations(rows, tokenizer=Path(args.tokenizer), num_proc=args.num_proc)
         lengths = tokenized.samples.lengths
         n_rows, kept, skipped = len(rows), len(tokenized.samples), tokenized.skipped
@@ -130,14 +140,16 @@ def _pack_report(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     plan = plan_packing(lengths, spec, seed=args.seed)
     plan_s = time.perf_counter() - start
-    title = f"Packing of {Path(args.snapshot).name} [{args.split}] into rows of {plan.pack_size} tokens"
+    where = args.snapshot if is_url(args.snapshot) else str(Path(args.snapshot).absolute())
+    name = url_name(where) if is_url(where) else Path(where).name
+    title = f"Packing of {name} [{args.split}] into rows of {plan.pack_size} tokens"
     draw_packing(plan, lengths, Path(args.out), title=title)
     summary = plan.summary()
     if args.json:
         emit(
             "pack-report",
             "ok",
-            path=str(Path(args.snapshot).absolute()),
+            path=where,
             row_count=n_rows,
             sample_count=kept,
             token_count=int(lengths.sum()),
@@ -173,7 +185,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "pack-report", help="plan the packing of a text snapshot (or a mixture) and draw it to a PNG"
     )
     report.add_argument(
-        "snapshot", type=Path, nargs="?", help="a Puzzle-KD text snapshot (split --split), or a token store"
+        "snapshot", nargs="?", help="a Puzzle-KD text snapshot (split --split) or token store (folder or URL)"
     )
     report.add_argument(
         "--tokenizer",
