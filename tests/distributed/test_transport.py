@@ -126,3 +126,69 @@ def test_loader_workers_give_the_batches_of_one_process_through_segments() -> No
         ptrs = [t.data_ptr() for t in (batch.input_ids, batch.labels, batch.hidden_mask)]
         pointers.add(max(ptrs) - min(ptrs) < 1 << 20)  # neighbours in one segment
     assert seen == direct and pointers == {True}
+
+
+@pytest.fixture
+def placing(monkeypatch):
+    """`batch_buffer` as in a `batch_loader` worker (the pool is this process's)."""
+    monkeypatch.setattr(transport, "_PLACING", False)
+    transport.place_in_segments(0)
+    assert transport._PLACING
+
+
+def _pixels(n: int = 1200) -> tuple[np.ndarray, torch.Tensor]:
+    room = transport.batch_buffer(n * 1176 * 2)
+    pixels = torch.from_numpy(room).view(torch.bfloat16).view(n, 1176)
+    pixels.copy_(torch.arange(n * 1176, dtype=torch.float32).reshape(n, 1176).remainder(251))
+    return room, pixels
+
+
+def test_a_tensor_built_in_a_batch_buffer_crosses_in_place_and_the_rest_after_it(placing) -> None:
+    room, pixels = _pixels()
+    value = {"ids": torch.arange(5000), "pixels": pixels, "turned": pixels[:8].T, "grid": torch.ones(3, 3)}
+    expected = {k: v.clone() for k, v in value.items()}
+    got = _cross(value)
+    assert all(torch.equal(got[k], expected[k]) and got[k].dtype == expected[k].dtype for k in expected)
+    room[2:4] = 0  # pixels[0, 1], 1.0 until now: the worker's pages are the trainer's, nothing was copied
+    assert float(got["pixels"][0, 1]) == 0
+    assert len(_segments()) == 1 and got["ids"].data_ptr() > got["pixels"].data_ptr()
+
+
+def test_a_batch_buffer_dropped_before_it_crossed_frees_its_segment(placing) -> None:
+    room, pixels = _pixels()
+    (segment,) = _segments()
+    assert not segment.free
+    del room, pixels
+    gc.collect()
+    assert segment.free
+    _pixels()
+    assert len(_segments()) == 1  # the same segment again
+
+
+def test_a_placed_segment_stays_the_trainers_until_its_batch_is_gone(placing) -> None:
+    got = _cross({"pixels": _pixels()[1]})  # the worker's own views are gone with the call
+    gc.collect()
+    expected = got["pixels"].clone()
+    room, _ = _pixels()
+    room[:] = 7  # another segment: the trainer's batch is untouched
+    assert len(_segments()) == 2 and torch.equal(got["pixels"], expected)
+    del got
+    gc.collect()
+    assert sum(s.free for s in _segments()) == 1
+
+
+def test_a_batch_too_large_for_its_placed_segment_crosses_copied(placing) -> None:
+    room, pixels = _pixels(500)
+    value = {"pixels": pixels, "big": torch.arange(3 << 20)}  # 24 MiB: more than the room after the pixels
+    got = _cross(value)
+    assert torch.equal(got["pixels"], pixels) and torch.equal(got["big"], value["big"])
+    room[2:4] = 0
+    assert float(got["pixels"][0, 1]) == 1  # a copy
+    del room, pixels, value
+    gc.collect()
+    assert sum(s.free for s in _segments()) == 1  # the placed one, never sent: free again
+
+
+def test_batch_buffer_outside_a_placing_worker_is_plain_memory(monkeypatch) -> None:
+    monkeypatch.setattr(transport, "_PLACING", False)
+    assert transport.batch_buffer(8 << 20).nbytes == 8 << 20 and transport._POOL is None

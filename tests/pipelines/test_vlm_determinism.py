@@ -129,3 +129,35 @@ def test_a_gloo_world_of_2_builds_one_store_and_deals_as_one_process(vlm_subset,
         seed=7,
     )
     assert [r["batches"] for r in ranks] == [[b.fingerprint for b in alone.for_rank(r)] for r in range(2)]
+
+
+def _payload_offset(tensor: torch.Tensor) -> int | None:
+    """Where `tensor` starts in the payload of the worker segment the trainer mapped it from."""
+    import ctypes
+
+    from puzzletron.dataset.distributed import transport
+
+    for mapping in transport._MAPPINGS.values():
+        base = ctypes.addressof(ctypes.c_uint8.from_buffer(mapping, transport._HEADER))
+        if base <= tensor.data_ptr() < base + len(mapping):
+            return tensor.data_ptr() - base
+    return None
+
+
+@pytest.mark.parametrize("pixel_dtype", [torch.bfloat16, torch.uint8])
+def test_loader_workers_build_the_pixels_where_they_cross_and_give_the_same_batches(
+    vlm_stores, processor_dirs, vlm_subset, monkeypatch, pixel_dtype
+):
+    from puzzletron.dataset.distributed import transport
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    monkeypatch.setattr(transport, "_MIN_PLACED", 1)  # the fixture's packs are small; forked workers see it
+    batches = _batches(vlm_stores, processor_dirs, vlm_subset, pixel_dtype=pixel_dtype)
+    direct = [b.fingerprint for b in batches]
+    seen, offsets = [], set()
+    for batch in batches.loader(num_workers=2):
+        seen.append(batch.fingerprint)
+        offsets.add(_payload_offset(batch.model_kwargs["pixel_values"]))
+        del batch
+    assert seen == direct and len(seen) >= 2
+    assert offsets == {0}  # each pack's pixels built at the start of the segment they crossed in

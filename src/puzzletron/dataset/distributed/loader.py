@@ -23,7 +23,7 @@ import torch
 
 from puzzletron.dataset.batch import PuzzletronBatch
 from puzzletron.dataset.distributed.sampler import BatchKey, DistributedPackSampler
-from puzzletron.dataset.distributed.transport import shared_collate
+from puzzletron.dataset.distributed.transport import place_in_segments, shared_collate
 from puzzletron.dataset.distributed.worker_memory import keep_freed_memory
 from puzzletron.dataset.errors import ConfigError, PuzzletronDataError
 
@@ -34,6 +34,7 @@ __all__ = [
     "PuzzletronDataLoader",
     "WorkerTraceback",
     "batch_loader",
+    "init_worker",
     "only_batch",
 ]
 
@@ -151,8 +152,8 @@ def batch_loader(
 ) -> PuzzletronDataLoader:
     """A `PuzzletronDataLoader` over ``batches.dataset`` in ``batches.sampler``'s order; each step yields
     ``collate_fn([batch])`` (default: the `PuzzletronBatch` itself). Worker processes (``num_workers``)
-    hand it over with every tensor in one shared-memory segment (`transport.shared_collate`) and keep the
-    memory they free for the next batch (`worker_memory.keep_freed_memory`). A batch that fails is a
+    hand it over with every tensor in one shared-memory segment (`transport.shared_collate`; its pixels built
+    there), and keep the memory they free for the next batch (`init_worker`). A batch that fails is a
     `BatchError` (module docstring); the loader's ``dataset`` is ``batches.dataset`` behind the wrapper that
     names it."""
     return PuzzletronDataLoader(
@@ -161,5 +162,13 @@ def batch_loader(
         collate_fn=shared_collate(collate_fn) if num_workers > 0 else collate_fn,
         num_workers=num_workers,
         pin_memory=pin_memory,
-        worker_init_fn=keep_freed_memory if num_workers > 0 else None,
+        worker_init_fn=init_worker if num_workers > 0 else None,
     )
+
+
+def init_worker(worker_id: int | None = None) -> None:
+    """What each `batch_loader` worker runs first: it keeps the memory it frees
+    (`worker_memory.keep_freed_memory`) and builds a batch's large tensors where they cross to the trainer
+    (`transport.place_in_segments`)."""
+    keep_freed_memory(worker_id)
+    place_in_segments(worker_id)

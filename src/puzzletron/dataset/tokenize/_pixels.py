@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from puzzletron.dataset.distributed.transport import batch_buffer
 from puzzletron.dataset.tokenize._resize import host_to_device, resize_rgb
 from puzzletron.dataset.tokenize.grid import GridConfig
 
@@ -232,7 +233,10 @@ def fast_pixels(
     gather = _pair_table(table) if pairs else table
     grid = np.asarray(grid, dtype=np.int64).reshape(-1, 3)
     counts = grid[:, 1] * grid[:, 2]
-    flat = np.empty((int(counts.sum()), 3 * t * p * p), dtype=np.uint8 if table is None else table.dtype)
+    dtype_out = np.dtype(np.uint8 if table is None else table.dtype)
+    shape = (int(counts.sum()), 3 * t * p * p)
+    # in a loader worker, built where it crosses to the trainer (`transport.batch_buffer`: no copy there)
+    flat = batch_buffer(shape[0] * shape[1] * dtype_out.itemsize).view(dtype_out).reshape(shape)
     # the output as [patches, C, T, values]; a pair of values a column where gathering in pairs
     out = (flat.view(gather.dtype) if pairs else flat).reshape(len(flat), 3, t, -1)
     start = 0
