@@ -87,10 +87,10 @@ def main() -> None:
     import torch
 
     from _vlm_synthetic import build_processor, make_subset
-    from bench_vlm import _spec, _store
+    from bench_vlm import _store
+    from bench_vlm_cpu import _batches
     from puzzletron.dataset.distributed import transport
     from puzzletron.dataset.distributed.worker_memory import keep_freed_memory
-    from puzzletron.dataset.pipelines.vlm import build_vlm_batches
 
     torch.set_num_threads(1)  # as in a DataLoader worker
     keep_freed_memory()  # as in a batch_loader worker
@@ -100,10 +100,8 @@ def main() -> None:
     store = _store(work, subset, processor)
     can_place = hasattr(transport, "place_in_segments")
     for mode in filter(None, args.modes.split(",")):
-        batches = build_vlm_batches(
-            store, processor=processor, subset=subset, spec=_spec(args.pack), batch_size=1, dp_rank=0,
-            dp_size=8, seed=0, pixel_dtype=getattr(torch, mode),
-        )  # fmt: skip
+        run = {"store": store, "processor": processor, "subset": subset, "pack": args.pack, "mode": mode}
+        batches = _batches(run)  # rank 0 of bench_vlm_cpu.RANKS, as there
         keys = list(batches.sampler)[: args.batches]
         batches.dataset[keys[0]]  # the processor's tables, the first decode
         row = {"copied": _measure(batches, keys, placed=False, repeats=args.repeats)}

@@ -206,11 +206,11 @@ def _measure_breakdown(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from puzzletron.dataset.distributed import PackedBatches, keep_freed_memory
+    from puzzletron.dataset.pipelines import _vlm_media
+    from puzzletron.dataset.tokenize.processor import VlmProcessor
 
     torch.set_num_threads(1)
     keep_freed_memory()
-    from puzzletron.dataset.pipelines import _vlm_media
-    from puzzletron.dataset.tokenize.processor import VlmProcessor
 
     spent = {"read_decode": 0.0, "processor": 0.0, "tokens": 0.0}
 
@@ -256,12 +256,11 @@ def _measure_breakdown(args: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _minor_faults(*, children: bool = False) -> int:
-    """Minor page faults of this process (and of its exited children): pages faulted in afresh."""
+def _minor_faults() -> int:
+    """Minor page faults of this process: pages faulted in afresh."""
     import resource
 
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    return own + (resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt if children else 0)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _measure_loader(args: dict[str, Any]) -> dict[str, Any]:
@@ -300,7 +299,7 @@ def _measure_loader(args: dict[str, Any]) -> dict[str, Any]:
             (cpu1, faults1), wall1 = usage(), time.perf_counter()
             break
     else:
-        raise SystemExit(f"rank 0 has {seen} batches at pack {args['pack']}, not --steps {steps}")
+        raise SystemExit(f"rank 0 has {seen} batches at pack {args['pack']}, not {steps} steps")
     del loader, batch  # workers exit: their CPU and peak RSS land in RUSAGE_CHILDREN
     gc.collect()
     time.sleep(0.5)
@@ -406,9 +405,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/puzzletron-bench-vlm"))
     parser.add_argument("--samples", type=int, default=3000)
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument(
-        "--skip", type=int, default=40, help="first batches left out (startup, pools warming)"
-    )
+    parser.add_argument("--skip", type=int, default=30, help="first batches left out (startup, warm pools)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", default="bfloat16,float32,uint8,decoded")
     parser.add_argument("--workers", default="1,2")
