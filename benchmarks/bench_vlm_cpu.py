@@ -113,7 +113,8 @@ image over all images, up to 62 and on average 2.4 uint8 steps from a full decod
 identical): opt-in.
 
 Stop 33, against the code before issue 25 (8e524ea^, its own subset and store in another workdir) on the
-same VM, run in turn: one loader run each, 2 workers, CPU per delivered token over batches 30..100 (us):
+same VM, run in turn (``bench_vlm_ab.py --against CHECKOUT`` runs such pairs): one loader run each,
+2 workers, CPU per delivered token over batches 30..100 (us):
 
 ================================  ======================  ======================  ==================
 pair                              before                  now                     now / before
