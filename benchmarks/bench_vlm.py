@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -48,12 +49,16 @@ RATIO = 0.9  # AutoModel's packing_ratio, as the original Puzzletron sets it
 FAKE_IMAGE_TOKENS = 4  # AutoModel's injected 56x56 image under min_pixels 3136: a 4x4 grid, 4 tokens
 
 
-def _child(part: str, args: dict[str, Any], module: str = "bench_vlm") -> dict[str, Any]:
-    """Run ``module._measure_<part>(args)`` in a fresh interpreter (its own CPU and RSS accounting)."""
+def _child(
+    part: str, args: dict[str, Any], module: str = "bench_vlm", *, src: Path | None = None
+) -> dict[str, Any]:
+    """Run ``module._measure_<part>(args)`` in a fresh interpreter (its own CPU and RSS accounting), with the
+    library at `src` (another checkout's ``src/``) first on its import path when given."""
     code = f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import {module}; " \
            f"print(json.dumps({module}._measure_{part}(json.loads(sys.argv[1]))))"  # fmt: skip
+    env = None if src is None else {**os.environ, "PYTHONPATH": str(src)}
     out = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(args)], check=True, capture_output=True, text=True
+        [sys.executable, "-c", code, json.dumps(args)], env=env, check=True, capture_output=True, text=True
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -30,6 +30,9 @@ from typing import Any
 __all__ = ["main"]
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_vlm  # noqa: E402  (beside this script)
 
 
 def _python(code: str, src: Path, *args: str) -> Any:
@@ -57,11 +60,7 @@ def _prepare(checkout: Path, work: Path, samples: int) -> dict[str, str]:
 
 def _loader(src: Path, run: dict[str, Any]) -> float:
     """us of CPU per delivered token of one loader run of `run` with the library at `src`."""
-    code = (
-        f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import bench_vlm_cpu; "
-        "print(json.dumps(bench_vlm_cpu._measure_loader(json.loads(sys.argv[1]))))"
-    )
-    return _python(code, src, json.dumps(run))["cpu_per_token_s"] * 1e6
+    return bench_vlm._child("loader", run, module="bench_vlm_cpu", src=src)["cpu_per_token_s"] * 1e6
 
 
 def main() -> None:
@@ -76,9 +75,9 @@ def main() -> None:
     parser.add_argument("--modes", default="bfloat16", help="ours, each against the baseline's bfloat16")
     parser.add_argument("--packs", default="4096,8192")
     args = parser.parse_args()
-    this = HERE.parent
+    this, against = HERE.parent, args.against.resolve()
     inputs = {
-        "against": _prepare(args.against.resolve(), args.workdir / "against", args.samples),
+        "against": _prepare(against, args.workdir / "against", args.samples),
         "this": _prepare(this, args.workdir / "this", args.samples),
     }
     common = {"steps": args.steps, "skip": args.skip, "workers": args.workers}
@@ -87,7 +86,7 @@ def main() -> None:
     for pair in range(1, args.pairs + 1):
         for pack in packs:
             run = {**common, "pack": pack, "mode": "bfloat16"}
-            before = _loader(args.against.resolve() / "src", {**inputs["against"], **run})
+            before = _loader(against / "src", {**inputs["against"], **run})
             ours = {m: _loader(this / "src", {**inputs["this"], **run, "mode": m}) for m in modes}
             for mode, us in ours.items():
                 ratios[f"{mode}_{pack}"].append(us / before)

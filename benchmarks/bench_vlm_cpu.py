@@ -488,8 +488,8 @@ def main() -> None:
             for k in workers:
                 row[f"loader_{k}"] = _loader_figures(loaders[k], base)
             if 1 in workers:  # tokens/s of k workers against k times one worker's
+                one = row["loader_1"]["tokens_per_s"]
                 for k in workers:
-                    one = row["loader_1"]["tokens_per_s"]
                     row[f"loader_{k}"]["scaling"] = row[f"loader_{k}"]["tokens_per_s"] / (k * one)
             results[f"{mode}_{pack}"] = row
             print(json.dumps({f"{mode}_{pack}": row}), flush=True)
