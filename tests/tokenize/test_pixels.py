@@ -19,7 +19,9 @@ from puzzletron.dataset.conversation.images import decode_rgb
 from puzzletron.dataset.errors import ConfigError
 from puzzletron.dataset.tokenize import GridConfig, vlm_processor
 from puzzletron.dataset.tokenize._pixels import (
+    _CHUNK_PATCHES,
     _pair_table,
+    _rgb_view,
     _table_of,
     decoded_pixels,
     fast_pixels,
@@ -79,6 +81,35 @@ def test_pixels_equal_the_image_processor_for_an_odd_or_even_patch(
         image_processor, images, grid, patch_size=patch_size, merge_size=2, temporal_patch_size=2, dtype=dtype
     )
     assert got is not None and got.dtype == dtype and torch.equal(got, want["pixel_values"].to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8])
+def test_pixels_equal_the_image_processor_when_an_image_ends_in_a_short_chunk(
+    dtype: torch.dtype, processor_dirs: dict[str, Path]
+) -> None:
+    # 112x476 -> a 34x8 grid: 16 patches a row of merged patches, 16 rows a chunk, 17 rows
+    processor = LOADERS["qwen2_5_vl"](processor_dirs["qwen2_5_vl"])
+    images = [pil_image(3, (112, 476)), pil_image(4, (90, 90))]
+    grid, _ = vlm_processor(processor).grid.grids(np.array([112, 90]), np.array([476, 90]))
+    gh, gw = int(grid[0, 1]), int(grid[0, 2])
+    rows_a_chunk = max(1, _CHUNK_PATCHES // (gw * 2))
+    assert (gh // 2) > rows_a_chunk and (gh // 2) % rows_a_chunk != 0  # several chunks, the last short
+    raw = {"do_rescale": False, "do_normalize": False} if dtype == torch.uint8 else {}
+    want = processor.image_processor(images=images, return_tensors="pt", **raw)["pixel_values"]
+    options = {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2, "dtype": dtype}
+    got = fast_pixels(processor.image_processor, images, grid, **options)
+    assert got is not None and torch.equal(got, want.to(dtype))
+
+
+@pytest.mark.parametrize("size", [(1, 1), (3, 5), (1148, 812), (2100, 2100)])
+def test_the_rgb_view_is_the_image_as_numpy_reads_it(size: tuple[int, int]) -> None:
+    # 2100x2100 RGB spans several of Pillow's memory blocks: Arrow refuses it, numpy's copy stands in
+    image = pil_image(5, size)
+    view = _rgb_view(image)
+    assert view.shape == (size[1], size[0], 3) and view.dtype == np.uint8
+    assert np.array_equal(view, np.asarray(image))
+    # read in place (4 bytes a pixel: RGBX) where Pillow holds the image in one block of memory
+    assert view.strides[1] == (3 if size == (2100, 2100) else 4)
 
 
 def test_another_processor_or_image_mode_falls_back(processor_dirs: dict[str, Path]) -> None:
