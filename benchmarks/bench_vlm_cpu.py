@@ -174,6 +174,27 @@ Shares in one process: read + decode 17-21 %, processor 73-79 %, tokens 2-3 %, p
 in-process builds run at once on this VM's 2 cores cost 0.90-1.15x (median 1.08) the CPU a token of one
 alone: part of any loader's excess here is the two cores' shared caches and memory, not the transport
 (whose crossing is 0.35 us a token: ``bench_transport.py``).
+
+Stop 35: `tokenize._pixels` reads a resized image where Pillow holds it (its Arrow export: no ``tobytes``
+copy) and transposes, gathers and writes a few hundred patches at a time. The processor step alone on 150
+of the subset's images (`fast_pixels`, the previous code and this one in turn, 9 repeats): 0.88-0.93x in
+bfloat16 (Pillow's resize 51-57 % of it), 0.93-0.97x in uint8 (70 %). The in-process breakdown against the
+previous commit (3 runs each in turn, us of CPU per delivered token, pack 4096 / 8192): processor
+18.3-23.1 -> 16.9-22.8 / 21.5-23.9 -> 15.8-21.9 in bfloat16 (median ratio 0.96 / 0.86), uint8 0.87 /
+1.02; read + decode, unchanged code, swung 0.90-1.12 over the same runs. Against the code before issue 25
+(``bench_vlm_ab.py --modes bfloat16,uint8 --pairs 3``; 2 workers, us):
+
+================================  ======================  ======================  ======================
+pair, pack 4096 / 8192            before (bfloat16)       bfloat16                uint8
+================================  ======================  ======================  ======================
+1                                 44.0 / 41.6             28.7 / 25.3 (0.65/0.61) 24.7 / 24.5 (0.56/0.59)
+2                                 43.5 / 42.2             29.3 / 23.4 (0.67/0.55) 22.7 / 20.7 (0.52/0.49)
+3                                 45.5 / 42.5             26.4 / 30.3 (0.58/0.71) 27.1 / 24.0 (0.60/0.56)
+================================  ======================  ======================  ======================
+
+Medians 0.65 / 0.61 (bfloat16) and 0.56 / 0.56 (uint8): within the spread of stop 34's 8 pairs, so the
+default mode's 0.6x is still not claimed; the few per cent the processor step gained are below what a
+loader run on this VM resolves.
 """
 
 from __future__ import annotations
