@@ -5,6 +5,7 @@ configs, and any other processor (or image) falls back to the processor itself."
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +205,19 @@ def test_decoded_images_travel_at_their_size_or_their_target_and_normalise_to_th
     assert torch.equal(inputs["pixel_values"], want["pixel_values"])
     as_bf16 = normalized_pixels({"pixel_values": entries}, metadata, torch.bfloat16)["pixel_values"]
     assert torch.equal(as_bf16, want["pixel_values"].to(torch.bfloat16))
+
+
+def test_a_decoded_image_too_large_to_read_in_place_travels_as_a_writable_copy() -> None:
+    # 2100x2072 is its own target under a 12.8M-pixel budget, so it travels whole; over 16 MiB as RGBX
+    config = GridConfig(
+        patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=3136, max_pixels=12845056
+    )
+    image = pil_image(6, (2100, 2072))
+    grid, _ = config.grids(np.array([2100]), np.array([2072]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns of a tensor over a read-only array (Pillow's bytes)
+        (entry,) = decoded_pixels([image], grid, config)
+    assert torch.equal(entry, torch.from_numpy(np.asarray(image).copy())) and entry.is_contiguous()
 
 
 def test_a_drafted_image_travels_so_that_its_size_gives_its_grid(processor_dirs: dict[str, Path]) -> None:

@@ -193,9 +193,9 @@ def resizes_exactly(image_processor: Any) -> bool:
 def _rgb_view(image: Any) -> np.ndarray:
     """A read-only uint8 ``[H, W, 3]`` view of an RGB PIL `image`'s own memory: Pillow keeps RGB pixels as
     4 bytes (RGBX) and exports them through the Arrow C data interface without a copy, where
-    ``np.asarray`` packs them into a new ``bytes`` object first (a third of the work after the resize).
-    ``np.asarray`` where the export is refused (an image whose rows span several of Pillow's memory blocks,
-    over ~16 MiB; a Pillow before 11.2)."""
+    ``np.asarray`` packs them into a new ``bytes`` object first (a copy of every pixel). ``np.asarray``
+    where the export is refused (an image whose rows span several of Pillow's memory blocks, over ~16 MiB;
+    a Pillow before 11.2)."""
     try:
         pixels = pa.array(image).flatten().to_numpy(zero_copy_only=True)
     except (AttributeError, TypeError, ValueError, pa.ArrowException):
@@ -228,7 +228,7 @@ def decoded_pixels(images: list[Any], grid: np.ndarray, config: GridConfig) -> l
     for image, (width, height), again in zip(images, target.tolist(), resize.tolist(), strict=True):
         if again:
             image = image.resize((width, height), resample=_BICUBIC, reducing_gap=None)
-        out.append(torch.from_numpy(np.ascontiguousarray(_rgb_view(image))))  # a writable copy
+        out.append(torch.from_numpy(np.array(_rgb_view(image), order="C")))  # a writable copy
     return out
 
 
