@@ -5,14 +5,12 @@ image with PIL (bicubic, to the grid's size), then ``rescale`` (``uint8 -> float
 ``normalize`` (``(x - mean[c]) / std[c]`` in float32) and ``patchify`` (a transpose into
 ``[patches, C * T * P * P]``, the frame repeated ``T`` times). After the resize every output value is a
 function of one ``uint8`` and its channel, so the arithmetic is done once per (channel, value) into a
-256-entry table per channel (the same float32 operations in the same order: identical results). Each
-resized image's values are read where Pillow holds them (`_rgb_view`: no copy out of the image) and
-transposed into patch order as uint8, one plane a channel (a quarter of the bytes a float32 transpose
-moves); two neighbouring values of a plane, read as one ``uint16``, index a table of their two outputs
-(65,536 entries a channel: half the gathers, and no index array to build), gathered in float32 or directly
-in ``bfloat16`` (each entry rounded as ``Tensor.to(bfloat16)`` rounds it) and written into the output's
-temporal copies in one pass; transpose, gather and write go a few hundred patches at a time, so each reads
-what the one before left in cache. About half the processor's time in bfloat16.
+256-entry table per channel (the same float32 operations in the same order: identical results; in
+``bfloat16`` each entry rounded as ``Tensor.to(bfloat16)`` rounds it). Each image is read where Pillow holds
+it (`_rgbx_view`: RGBX, no copy), resized by the same integer arithmetic as Pillow's in compiled loops
+(`tokenize._host_resize`, 2-3x faster than Pillow's scalar C), and looked up and patchified in one compiled
+pass (`tokenize._host_patches`) into the batch's buffer. About 0.4-0.55x the processor's CPU before these
+kernels (``benchmarks/bench_vlm_cpu.py``).
 Only a plain processor qualifies (`fast_pixels` returns None otherwise and the processor itself runs);
 tests compare every batch's pixels with the processor's own.
 
@@ -59,13 +57,10 @@ __all__ = [
 ]
 
 _BICUBIC = 3  # PIL.Image.Resampling.BICUBIC
-_CHUNK_PATCHES = 256  # patches transposed and gathered at a time: ~100-600 KiB of work, within L2
 _TABLES: dict[tuple[Any, ...], np.ndarray] = {}
-_PAIR_TABLES: dict[tuple[Any, ...], np.ndarray] = {}
+_IDENTITY = np.tile(np.arange(256, dtype=np.uint8), (3, 1))  # the uint8 transport's "table"
 # [gh/m, m, p, gw/m, m, p, C] -> (gh/m, gw/m, m, m, C, p, p): patchify's order (numpy and torch alike)
 _PATCH_ORDER = (0, 3, 1, 4, 6, 2, 5)
-# the same, channel first: (C, gh/m, gw/m, m, m, p, p), one contiguous plane of patches a channel
-_PLANE_ORDER = (6, 0, 3, 1, 4, 2, 5)
 
 
 def _plain(ip: Any) -> bool:
@@ -99,18 +94,6 @@ def _table_of(norm: dict[str, Any], dtype: torch.dtype) -> np.ndarray:
             table = torch.from_numpy(table).to(torch.bfloat16).view(torch.int16).numpy()
         _TABLES[key] = np.ascontiguousarray(table)
     return _TABLES[key]
-
-
-def _pair_table(table: np.ndarray) -> np.ndarray:
-    """``[3, 65536]`` of `table` (``[3, 256]``): entry ``k`` of channel ``c`` holds the outputs of the two
-    uint8 values whose bytes, read in memory order as one ``uint16``, are ``k`` (so the table gathers two
-    neighbouring values at once, on either byte order), in a dtype twice `table`'s width."""
-    key = (table.dtype.str, table.tobytes())
-    if key not in _PAIR_TABLES:
-        pairs = np.arange(65536, dtype=np.uint16).view(np.uint8).reshape(-1, 2)  # the bytes of each k
-        wide = np.dtype(f"i{2 * table.dtype.itemsize}")
-        _PAIR_TABLES[key] = np.stack([np.ascontiguousarray(t[pairs]).view(wide).reshape(-1) for t in table])
-    return _PAIR_TABLES[key]
 
 
 def pixel_normalization(ip: Any) -> dict[str, Any]:
@@ -190,18 +173,38 @@ def resizes_exactly(image_processor: Any) -> bool:
     return _plain(image_processor)
 
 
-def _rgb_view(image: Any) -> np.ndarray:
-    """A read-only uint8 ``[H, W, 3]`` view of an RGB PIL `image`'s own memory: Pillow keeps RGB pixels as
+def _rgbx_view(image: Any) -> np.ndarray | None:
+    """A read-only uint8 ``[H, W, 4]`` view of an RGB PIL `image`'s own memory: Pillow keeps RGB pixels as
     4 bytes (RGBX) and exports them through the Arrow C data interface without a copy, where
-    ``np.asarray`` packs them into a new ``bytes`` object first (a copy of every pixel). ``np.asarray``
-    where the export is refused (an image whose rows span several of Pillow's memory blocks, over ~16 MiB;
-    a Pillow before 11.2)."""
+    ``np.asarray`` packs them into a new ``bytes`` object first (a copy of every pixel). None where the
+    export is refused (an image whose rows span several of Pillow's memory blocks, over ~16 MiB; a Pillow
+    before 11.2)."""
     try:
         pixels = pa.array(image).flatten().to_numpy(zero_copy_only=True)
     except (AttributeError, TypeError, ValueError, pa.ArrowException):
-        return np.asarray(image)
+        return None
     width, height = image.size
-    return pixels.reshape(height, width, 4)[..., :3]
+    return pixels.reshape(height, width, 4)
+
+
+def _rgb_view(image: Any) -> np.ndarray:
+    """A read-only uint8 ``[H, W, 3]`` view of an RGB PIL `image`'s own memory (`_rgbx_view`), or
+    ``np.asarray``'s copy where that is refused."""
+    rgbx = _rgbx_view(image)
+    return np.asarray(image) if rgbx is None else rgbx[..., :3]
+
+
+def _resized_rgbx(image: Any, width: int, height: int) -> np.ndarray:
+    """uint8 ``[height, width, 4]`` (RGBX): RGB PIL `image` resized as the processor resizes it (Pillow's
+    bicubic, ``reducing_gap=None``) by `tokenize._host_resize` (the same integers, 2-3x faster), from the
+    image's memory read in place (an RGBA copy where that is refused). Read-only: the image's own memory
+    where the size does not change."""
+    from puzzletron.dataset.tokenize._host_resize import resize_rgbx  # numba: imported on first use
+
+    rgbx = _rgbx_view(image)
+    if rgbx is None:
+        rgbx = np.asarray(image.convert("RGBA"))
+    return resize_rgbx(rgbx, width, height)
 
 
 def decoded_pixels(images: list[Any], grid: np.ndarray, config: GridConfig) -> list[torch.Tensor]:
@@ -226,9 +229,8 @@ def decoded_pixels(images: list[Any], grid: np.ndarray, config: GridConfig) -> l
         )
     out = []
     for image, (width, height), again in zip(images, target.tolist(), resize.tolist(), strict=True):
-        if again:
-            image = image.resize((width, height), resample=_BICUBIC, reducing_gap=None)
-        out.append(torch.from_numpy(np.array(_rgb_view(image), order="C")))  # a writable copy
+        pixels = _resized_rgbx(image, width, height)[..., :3] if again else _rgb_view(image)
+        out.append(torch.from_numpy(np.array(pixels, order="C")))  # a writable copy
     return out
 
 
@@ -244,40 +246,22 @@ def fast_pixels(
         return None
     if any(getattr(image, "mode", None) != "RGB" for image in images):
         return None
+    from puzzletron.dataset.tokenize._host_patches import patchify_rgbx  # numba: imported on first use
+
     p, m, t = patch_size, merge_size, temporal_patch_size
-    # [3, 256]: the output of each (channel, value); none for uint8 (the values themselves)
-    table = None if dtype == torch.uint8 else _table(image_processor, dtype)
-    pairs = table is not None and p % 2 == 0  # a patch row has an even count of values: gather in pairs
-    gather = _pair_table(table) if pairs else table
+    # [3, 256]: the output of each (channel, value); for uint8 the values themselves
+    table = _IDENTITY if dtype == torch.uint8 else _table(image_processor, dtype)
     grid = np.asarray(grid, dtype=np.int64).reshape(-1, 3)
     counts = grid[:, 1] * grid[:, 2]
-    dtype_out = np.dtype(np.uint8 if table is None else table.dtype)
-    shape = (int(counts.sum()), 3 * t * p * p)
+    shape = (int(counts.sum()), 3, t, p * p)
     # in a loader worker, built where it crosses to the trainer (`transport.batch_buffer`: no copy there)
-    flat = batch_buffer(shape[0] * shape[1] * dtype_out.itemsize).view(dtype_out).reshape(shape)
-    # the output as [patches, C, T, values]; a pair of values a column where gathering in pairs
-    out = (flat.view(gather.dtype) if pairs else flat).reshape(len(flat), 3, t, -1)
+    out = batch_buffer(int(np.prod(shape)) * table.dtype.itemsize).view(table.dtype).reshape(shape)
     start = 0
-    for image, (_, gh, gw) in zip(images, grid.tolist(), strict=True):
-        resized = _rgb_view(image.resize((gw * p, gh * p), resample=_BICUBIC, reducing_gap=None))
-        # a few rows of merged patches at a time, so what each step writes is still in cache for the next
-        rows = resized.reshape(gh // m, m, p, gw // m, m, p, 3)
-        step = max(1, _CHUNK_PATCHES // (gw * m))  # a row of merged patches holds gw * m patches
-        for first in range(0, gh // m, step):
-            chunk = rows[first : first + step]
-            n = len(chunk) * gw * m
-            # [C, patches, P * P] uint8: patchify's order, one plane a channel
-            planes = np.ascontiguousarray(chunk.transpose(_PLANE_ORDER)).reshape(3, n, p * p)
-            for c in range(3):
-                values = planes[c]
-                if pairs:
-                    values = gather[c].take(values.view(np.uint16), mode="clip")  # every uint16 is an entry
-                elif table is not None:
-                    values = gather[c].take(values, mode="clip")
-                # the frame repeated over the temporal patch (patchify's broadcast), written once
-                out[start : start + n, c] = values[:, None, :]
-            start += n
-    tensor = torch.from_numpy(flat)
+    for image, (_, gh, gw), n in zip(images, grid.tolist(), counts.tolist(), strict=True):
+        resized = _resized_rgbx(image, gw * p, gh * p)
+        patchify_rgbx(resized, table, patch_size=p, merge_size=m, out=out[start : start + n])
+        start += n
+    tensor = torch.from_numpy(out.reshape(len(out), -1))
     return tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor
 
 

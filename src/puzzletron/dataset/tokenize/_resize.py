@@ -32,7 +32,7 @@ import numpy as np
 import PIL
 import torch
 
-__all__ = ["PRECISION_BITS", "axis_taps", "host_to_device", "resize_rgb"]
+__all__ = ["PRECISION_BITS", "axis_taps", "host_to_device", "resize_rgb", "vertical_first"]
 
 PRECISION_BITS = 32 - 8 - 2  # Pillow's fixed point for 8-bit images (2 bits of headroom for the lobes)
 # Pillow 13 (python-pillow/Pillow#9549) runs the vertical pass first when the height shrinks much more
@@ -95,14 +95,18 @@ def _pass(image: torch.Tensor, first: np.ndarray, weights: np.ndarray, dim: int)
     return (total >> PRECISION_BITS).clamp_(0, 255).to(torch.uint8)
 
 
+def vertical_first(rows: int, cols: int, height: int, width: int) -> bool:
+    """Whether the installed Pillow resizes ``[rows, cols] -> [height, width]`` vertical pass first."""
+    return _VERTICAL_FIRST_RULE and rows - height > 0 and rows - height > 2 * (cols - width)
+
+
 def resize_rgb(image: torch.Tensor, width: int, height: int) -> torch.Tensor:
     """``image`` uint8 ``[H, W, 3]`` resized to ``[height, width, 3]`` exactly as
     ``PIL.Image.resize((width, height), BICUBIC, reducing_gap=None)`` resizes it, on ``image``'s device.
     An axis whose size does not change is left as it is (Pillow skips that pass)."""
     rows, cols = int(image.shape[0]), int(image.shape[1])
-    vertical_first = _VERTICAL_FIRST_RULE and rows - height > 0 and rows - height > 2 * (cols - width)
     out = image
-    for dim in (0, 1) if vertical_first else (1, 0):
+    for dim in (0, 1) if vertical_first(rows, cols, height, width) else (1, 0):
         size = height if dim == 0 else width
         if size != out.shape[dim]:
             out = _pass(out, *axis_taps(int(out.shape[dim]), size), dim=dim)
