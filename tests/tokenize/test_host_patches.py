@@ -1,6 +1,7 @@
 """`patchify_rgbx` writes an image's patches in the processor's order (merged patches row by row, a plane a
 channel, the frame repeated ``T`` times), each value through its channel's table, as numpy's reshape and
-transpose of ``patchify`` and a fancy-index lookup give them, for every dtype the pixel path emits."""
+transpose of ``patchify`` and a fancy-index lookup give them, for every dtype the pixel path emits, and
+the values themselves without a table (uint8)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from puzzletron.dataset.tokenize._host_patches import patchify_rgbx
+
+_IDENTITY = np.tile(np.arange(256, dtype=np.uint8), (3, 1))
 
 
 def _reference(image: np.ndarray, table: np.ndarray, p: int, m: int, t: int) -> np.ndarray:
@@ -39,6 +42,9 @@ def test_patches_are_the_processors_order_through_the_table(
     out = np.full((h * w // p**2, 3, t, p * p), 7, dtype=dtype)
     patchify_rgbx(image, table, patch_size=p, merge_size=m, out=out)
     assert np.array_equal(out, _reference(image, table, p, m, t))
+    if dtype == np.uint8:  # no table: the values themselves
+        patchify_rgbx(image, None, patch_size=p, merge_size=m, out=out)
+        assert np.array_equal(out, _reference(image, _IDENTITY, p, m, t))
 
 
 @pytest.mark.parametrize("readonly", [True, False])
@@ -46,7 +52,6 @@ def test_patches_of_an_image_read_in_place_leave_it_unchanged(readonly: bool) ->
     image = np.random.default_rng(3).integers(0, 256, (56, 84, 4), dtype=np.uint8)
     before = image.copy()
     image.flags.writeable = not readonly
-    table = np.tile(np.arange(256, dtype=np.uint8), (3, 1))
     out = np.zeros((56 * 84 // 196, 3, 2, 196), dtype=np.uint8)
-    patchify_rgbx(image, table, patch_size=14, merge_size=2, out=out)
-    assert np.array_equal(image, before) and np.array_equal(out, _reference(before, table, 14, 2, 2))
+    patchify_rgbx(image, None, patch_size=14, merge_size=2, out=out)
+    assert np.array_equal(image, before) and np.array_equal(out, _reference(before, _IDENTITY, 14, 2, 2))

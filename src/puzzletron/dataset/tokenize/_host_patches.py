@@ -11,51 +11,93 @@ values themselves for the uint8 transport), so the table lookup and the reorder 
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from numba import njit
 
 __all__ = ["patchify_rgbx"]
 
+_NO_TABLE = np.zeros((3, 256), np.uint8)  # stands in where the values are their own output
+# where each channel of an RGBX pixel read as one uint32 lies, on this machine's byte order
+_SHIFTS = np.array([0, 8, 16] if sys.byteorder == "little" else [24, 16, 8], dtype=np.uint32)
+
+
+@njit(nogil=True, boundscheck=False, cache=False)
+def _look_up_band(image: np.ndarray, table: np.ndarray, top: int, planes: np.ndarray) -> None:
+    """``planes[c, row, x] = table[c, image[top + row, x, c]]`` over one band (``image``: uint8
+    ``[h, w * 4]``)."""
+    for row in range(planes.shape[1]):
+        line = image[top + row]
+        for c in range(3):
+            lookup = table[c]
+            plane = planes[c, row]
+            for x in range(planes.shape[2]):
+                plane[x] = lookup[line[x * 4 + c]]
+
+
+@njit(nogil=True, boundscheck=False, cache=False)
+def _split_band(pixels: np.ndarray, top: int, planes: np.ndarray, shifts: np.ndarray) -> None:
+    """``planes[c, row, x]`` = channel ``c`` of ``pixels[top + row, x]`` (uint32 RGBX; ``shifts``: each
+    channel's bit offset on this machine's byte order), for the values themselves (uint8)."""
+    red, green, blue = planes[0], planes[1], planes[2]
+    for row in range(planes.shape[1]):
+        line = pixels[top + row]
+        r, g, b = red[row], green[row], blue[row]
+        for x in range(planes.shape[2]):
+            value = line[x]
+            r[x] = (value >> shifts[0]) & 255
+            g[x] = (value >> shifts[1]) & 255
+            b[x] = (value >> shifts[2]) & 255
+
 
 @njit(nogil=True, boundscheck=False, cache=False)
 def _patchify(
-    image: np.ndarray, table: np.ndarray, patch: int, merge: int, out: np.ndarray, planes: np.ndarray
-) -> None:
-    """``image`` uint8 ``[h, w, 4]`` (RGBX) -> ``out`` ``[patches, 3, T, P * P]`` in ``table``'s dtype
-    (``[3, 256]``)."""
-    width = image.shape[1]
-    frames = out.shape[2]
+    image: np.ndarray, table: np.ndarray, identity: bool, patch: int, merge: int, out: np.ndarray,
+    planes: np.ndarray, wide_planes: np.ndarray, shifts: np.ndarray,
+) -> None:  # fmt: skip
+    """``image`` uint8 ``[h, w, 4]`` (RGBX) -> ``out`` (``[patches, 3, T, P * P / f]``: the output viewed
+    ``f`` values a word) a band of ``m * P`` rows at a time: looked up into ``planes`` (``[3, m * P, w]``,
+    ``table``'s dtype; the values themselves where ``identity``), then copied out through
+    ``wide_planes`` (the same memory, ``f`` values a word)."""
     band = merge * patch
+    run = patch // (planes.shape[2] // wide_planes.shape[2])  # words a patch row
+    frames = out.shape[2]
+    flat = image.reshape(image.shape[0], -1)
+    pixels = image.view(np.uint32).reshape(image.shape[0], -1)
     n = 0
-    for by in range(image.shape[0] // band):
-        for row in range(band):
-            line = image[by * band + row]
-            for c in range(3):
-                lookup = table[c]
-                plane = planes[c, row]
-                for x in range(width):
-                    plane[x] = lookup[line[x, c]]
-        for bx in range(width // band):
+    for top in range(0, image.shape[0] - band + 1, band):
+        if identity:
+            _split_band(pixels, top, planes, shifts)
+        else:
+            _look_up_band(flat, table, top, planes)
+        for bx in range(planes.shape[2] // band):
             for my in range(merge):
                 for mx in range(merge):
-                    x0 = (bx * merge + mx) * patch
+                    x0 = (bx * merge + mx) * run
                     for c in range(3):
                         for py in range(patch):
-                            source = planes[c, my * patch + py]
+                            source = wide_planes[c, my * patch + py]
                             for t in range(frames):
                                 target = out[n, c, t]
-                                for px in range(patch):
-                                    target[py * patch + px] = source[x0 + px]
+                                for px in range(run):
+                                    target[py * run + px] = source[x0 + px]
                     n += 1
 
 
 def patchify_rgbx(
-    image: np.ndarray, table: np.ndarray, *, patch_size: int, merge_size: int, out: np.ndarray
+    image: np.ndarray, table: np.ndarray | None, *, patch_size: int, merge_size: int, out: np.ndarray
 ) -> None:
-    """Write the patches of ``image`` (uint8 ``[h, w, 4]`` RGBX, ``h`` and ``w`` multiples of
+    """Write the patches of ``image`` (uint8 ``[h, w, 4]`` RGBX, C-contiguous, ``h`` and ``w`` multiples of
     ``patch_size * merge_size``) into ``out`` (``[h * w / P**2, 3, T, P * P]``, C-contiguous), each value
-    ``table[c, value]`` (``[3, 256]``, ``out``'s dtype). The first call of a dtype compiles (under a
-    second)."""
-    band = patch_size * merge_size
-    planes = np.empty((3, band, image.shape[1]), table.dtype)  # one band of merged patches, looked up
-    _patchify(image, table, patch_size, merge_size, out, planes)
+    ``table[c, value]`` (``[3, 256]``, ``out``'s dtype), or the value itself where ``table`` is None (uint8).
+    The first call of a dtype compiles (under a second)."""
+    dtype = np.dtype(np.uint8) if table is None else table.dtype
+    # copied out several values a machine word: as many as divide a patch row, up to 8 bytes
+    f = next(f for f in (8, 4, 2, 1) if patch_size % f == 0 and f * dtype.itemsize <= 8)
+    word = np.dtype(f"u{f * dtype.itemsize}")
+    planes = np.empty((3, patch_size * merge_size, image.shape[1]), dtype)
+    _patchify(
+        image, _NO_TABLE if table is None else table, table is None, patch_size, merge_size, out.view(word),
+        planes, planes.view(word), _SHIFTS,
+    )  # fmt: skip

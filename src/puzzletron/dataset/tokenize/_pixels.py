@@ -58,7 +58,6 @@ __all__ = [
 
 _BICUBIC = 3  # PIL.Image.Resampling.BICUBIC
 _TABLES: dict[tuple[Any, ...], np.ndarray] = {}
-_IDENTITY = np.tile(np.arange(256, dtype=np.uint8), (3, 1))  # the uint8 transport's "table"
 # [gh/m, m, p, gw/m, m, p, C] -> (gh/m, gw/m, m, m, C, p, p): patchify's order (numpy and torch alike)
 _PATCH_ORDER = (0, 3, 1, 4, 6, 2, 5)
 
@@ -249,13 +248,14 @@ def fast_pixels(
     from puzzletron.dataset.tokenize._host_patches import patchify_rgbx  # numba: imported on first use
 
     p, m, t = patch_size, merge_size, temporal_patch_size
-    # [3, 256]: the output of each (channel, value); for uint8 the values themselves
-    table = _IDENTITY if dtype == torch.uint8 else _table(image_processor, dtype)
+    # [3, 256]: the output of each (channel, value); none for uint8 (the values themselves)
+    table = None if dtype == torch.uint8 else _table(image_processor, dtype)
+    out_dtype = np.dtype(np.uint8) if table is None else table.dtype
     grid = np.asarray(grid, dtype=np.int64).reshape(-1, 3)
     counts = grid[:, 1] * grid[:, 2]
     shape = (int(counts.sum()), 3, t, p * p)
     # in a loader worker, built where it crosses to the trainer (`transport.batch_buffer`: no copy there)
-    out = batch_buffer(int(np.prod(shape)) * table.dtype.itemsize).view(table.dtype).reshape(shape)
+    out = batch_buffer(int(np.prod(shape)) * out_dtype.itemsize).view(out_dtype).reshape(shape)
     start = 0
     for image, (_, gh, gw), n in zip(images, grid.tolist(), counts.tolist(), strict=True):
         resized = _resized_rgbx(image, gw * p, gh * p)
