@@ -230,6 +230,23 @@ peak RSS of a worker              0.76 / 0.93 GB          0.70 / 0.76 GB
 
 A worker's RSS grew by about 0.2 GB: numba and LLVM (0.12 GB mapped on import, 0.09 GB compiling the
 kernels, about 3 s of CPU once a process).
+
+Then the patchify copies several values a machine word and splits uint8 channels from each pixel read as
+one uint32 (processor step against stop 35's code: 0.48x in bfloat16, 0.57-0.59x in uint8). The same 3
+pairs against before, run again (the baseline itself ran 46-54 us this time):
+
+================================  ======================  ======================  ======================
+pair, pack 4096 / 8192            before (bfloat16)       bfloat16                uint8
+================================  ======================  ======================  ======================
+1                                 54.3 / 50.7             21.1 / 18.7 (0.39/0.37) 20.6 / 19.6 (0.38/0.39)
+2                                 53.1 / 50.7             20.3 / 18.9 (0.38/0.37) 20.6 / 17.9 (0.39/0.35)
+3                                 47.5 / 45.9             16.9 / 18.3 (0.36/0.40) 19.4 / 17.8 (0.41/0.39)
+================================  ======================  ======================  ======================
+
+Medians 0.38 / 0.37 (bfloat16) and 0.39 / 0.39 (uint8, 0.35-0.41). uint8 is at its <= 0.4x here, but the
+run before gave 0.41 / 0.44 and the baseline moved by a fifth between the two: within this VM's noise, so
+not claimed. In absolute terms uint8 now saves little over bfloat16 (what is left is mostly decode and
+the resize, which both modes pay).
 """
 
 from __future__ import annotations

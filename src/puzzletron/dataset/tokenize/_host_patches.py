@@ -5,8 +5,9 @@
 plane a channel, the frame repeated ``T`` times. After the resize each output value is a function of one
 uint8 and its channel (`tokenize._pixels`: a ``[3, 256]`` table of the rescale and normalise, or the
 values themselves for the uint8 transport), so the table lookup and the reorder are one pass: a band of
-``m * P`` rows is looked up into channel planes (a lookup a value, read once), then copied out in runs of
-``P`` values. Copies and lookups only: bit for bit what the numpy ops give.
+``m * P`` rows is looked up into channel planes (a lookup a value, read once; for uint8 each channel split
+from the pixel read as one uint32), then copied out in runs of ``P`` values, several values a machine word.
+Copies and lookups only: bit for bit what the numpy ops give.
 """
 
 from __future__ import annotations
