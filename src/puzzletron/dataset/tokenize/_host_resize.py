@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from puzzletron.dataset.tokenize._resize import PRECISION_BITS, axis_taps, vertical_first
+from puzzletron.dataset.tokenize._resize import PRECISION_BITS, axis_taps, passes
 
 __all__ = ["resize_rgbx"]
 
@@ -87,11 +87,8 @@ def resize_rgbx(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
     ``PIL.Image.resize((width, height), BICUBIC, reducing_gap=None)`` resizes the RGB image (a new array;
     `pixels` itself where neither side changes). The first call in a process compiles (about a second)."""
     out = pixels
-    for dim in (0, 1) if vertical_first(pixels.shape[0], pixels.shape[1], height, width) else (1, 0):
-        size = height if dim == 0 else width
-        if size == out.shape[dim]:
-            continue  # Pillow skips an axis that keeps its size
-        first, weights = axis_taps(int(out.shape[dim]), size)
+    for dim, n_in, size in passes(pixels.shape[0], pixels.shape[1], height, width):
+        first, weights = axis_taps(n_in, size)
         rows, cols = out.shape[0], out.shape[1]
         if dim == 0:
             result = np.empty((size, cols, 4), np.uint8)

@@ -32,7 +32,7 @@ import numpy as np
 import PIL
 import torch
 
-__all__ = ["PRECISION_BITS", "axis_taps", "host_to_device", "resize_rgb", "vertical_first"]
+__all__ = ["PRECISION_BITS", "axis_taps", "host_to_device", "passes", "resize_rgb"]
 
 PRECISION_BITS = 32 - 8 - 2  # Pillow's fixed point for 8-bit images (2 bits of headroom for the lobes)
 # Pillow 13 (python-pillow/Pillow#9549) runs the vertical pass first when the height shrinks much more
@@ -95,19 +95,22 @@ def _pass(image: torch.Tensor, first: np.ndarray, weights: np.ndarray, dim: int)
     return (total >> PRECISION_BITS).clamp_(0, 255).to(torch.uint8)
 
 
-def vertical_first(rows: int, cols: int, height: int, width: int) -> bool:
-    """Whether the installed Pillow resizes ``[rows, cols] -> [height, width]`` vertical pass first."""
-    return _VERTICAL_FIRST_RULE and rows - height > 0 and rows - height > 2 * (cols - width)
+def passes(rows: int, cols: int, height: int, width: int) -> list[tuple[int, int, int]]:
+    """Pillow's passes of a resize ``[rows, cols] -> [height, width]`` in the order the installed Pillow
+    runs them: ``(dim, n_in, n_out)`` for each axis whose size changes (0: rows, 1: columns; an axis that
+    keeps its size is not resampled)."""
+    vertical_first = _VERTICAL_FIRST_RULE and rows - height > 0 and rows - height > 2 * (cols - width)
+    sizes = {0: (rows, height), 1: (cols, width)}
+    return [
+        (dim, *sizes[dim]) for dim in ((0, 1) if vertical_first else (1, 0)) if sizes[dim][0] != sizes[dim][1]
+    ]
 
 
 def resize_rgb(image: torch.Tensor, width: int, height: int) -> torch.Tensor:
     """``image`` uint8 ``[H, W, 3]`` resized to ``[height, width, 3]`` exactly as
     ``PIL.Image.resize((width, height), BICUBIC, reducing_gap=None)`` resizes it, on ``image``'s device.
     An axis whose size does not change is left as it is (Pillow skips that pass)."""
-    rows, cols = int(image.shape[0]), int(image.shape[1])
     out = image
-    for dim in (0, 1) if vertical_first(rows, cols, height, width) else (1, 0):
-        size = height if dim == 0 else width
-        if size != out.shape[dim]:
-            out = _pass(out, *axis_taps(int(out.shape[dim]), size), dim=dim)
+    for dim, n_in, n_out in passes(int(image.shape[0]), int(image.shape[1]), height, width):
+        out = _pass(out, *axis_taps(n_in, n_out), dim=dim)
     return out
