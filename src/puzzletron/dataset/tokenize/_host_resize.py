@@ -49,6 +49,22 @@ def _vertical(src: np.ndarray, first: np.ndarray, weights: np.ndarray, out: np.n
 
 
 @njit(nogil=True, boundscheck=False, cache=False)
+def _strip_in(src: np.ndarray, top: int, count: int, strip: np.ndarray) -> None:
+    """``strip[j, r] = src[top + r, j]`` for the strip's ``count`` rows (uint32 pixels)."""
+    for j in range(src.shape[1]):
+        for r in range(count):
+            strip[j, r] = src[top + r, j]
+
+
+@njit(nogil=True, boundscheck=False, cache=False)
+def _strip_out(result: np.ndarray, top: int, count: int, out: np.ndarray) -> None:
+    """``out[top + r, x] = result[x, r]`` for the strip's ``count`` rows (uint32 pixels)."""
+    for r in range(count):
+        for x in range(result.shape[0]):
+            out[top + r, x] = result[x, r]
+
+
+@njit(nogil=True, boundscheck=False, cache=False)
 def _horizontal(src: np.ndarray, first: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
     """``src`` uint32 ``[H, W]`` (one RGBX pixel each) -> ``out`` uint32 ``[H, n_out]``, `_STRIP` rows at
     a time through a transposed strip, so each tap is a contiguous multiply-add over the strip's bytes. (The
@@ -64,9 +80,10 @@ def _horizontal(src: np.ndarray, first: np.ndarray, weights: np.ndarray, out: np
     acc = np.empty(lanes, np.int32)
     for top in range(0, rows, _STRIP):
         count = min(_STRIP, rows - top)
-        for j in range(n_in):
-            for r in range(count):
-                strip[j, r] = src[top + r, j]
+        if count == _STRIP:  # the constant: a full strip's transposes unroll (about 10 % of the pass)
+            _strip_in(src, top, _STRIP, strip)
+        else:
+            _strip_in(src, top, count, strip)
         for x in range(n_out):
             start = first[x]
             acc[:] = _HALF
@@ -77,9 +94,10 @@ def _horizontal(src: np.ndarray, first: np.ndarray, weights: np.ndarray, out: np
                     acc[i] += np.int32(column[i]) * weight
             for i in range(lanes):
                 result_bytes[x, i] = min(max(acc[i] >> PRECISION_BITS, 0), 255)
-        for r in range(count):
-            for x in range(n_out):
-                out[top + r, x] = result[x, r]
+        if count == _STRIP:
+            _strip_out(result, top, _STRIP, out)
+        else:
+            _strip_out(result, top, count, out)
 
 
 def resize_rgbx(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
