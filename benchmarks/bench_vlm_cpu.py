@@ -247,6 +247,46 @@ Medians 0.38 / 0.37 (bfloat16) and 0.39 / 0.39 (uint8, 0.35-0.41). uint8 is at i
 run before gave 0.41 / 0.44 and the baseline moved by a fifth between the two: within this VM's noise, so
 not claimed. In absolute terms uint8 now saves little over bfloat16 (what is left is mostly decode and
 the resize, which both modes pay).
+
+Stop 38: the patchify kernel is compiled for one ``(P, m)`` with both as constants (a patch row's copy
+unrolled), and each patch's first frame is copied from the planes, its other frames from it in words; the
+horizontal pass transposes a full strip with its row count as a constant. The uint8 patchify alone on 200
+of the subset's images: 1.85-1.94 against 3.6-4.6 us an image token; the horizontal pass about 0.9x. Two
+runs of 3 pairs against before (``bench_vlm_ab.py --modes bfloat16,uint8 --pairs 3``; 2 workers, us):
+
+================================  ======================  ======================  ======================
+pair, pack 4096 / 8192            before (bfloat16)       bfloat16                uint8
+================================  ======================  ======================  ======================
+1 (the patchify alone)            46.6 / 46.3             17.9 / 17.3 (0.38/0.37) 14.6 / 15.3 (0.31/0.33)
+2                                 45.9 / 43.3             17.0 / 16.6 (0.37/0.38) 15.9 / 14.5 (0.35/0.33)
+3                                 47.6 / 43.3             17.8 / 16.5 (0.37/0.38) 18.0 / 15.0 (0.38/0.35)
+4 (both, the code on main)        39.9 / 42.7             16.5 / 13.8 (0.42/0.32) 15.2 / 13.9 (0.38/0.33)
+5                                 47.4 / 43.2             15.9 / 14.9 (0.34/0.34) 12.3 / 13.3 (0.26/0.31)
+6                                 39.3 / 40.4             15.7 / 14.0 (0.40/0.35) 14.9 / 12.5 (0.38/0.31)
+================================  ======================  ======================  ======================
+
+Medians 0.347 / 0.334 and 0.38 / 0.309 in uint8, every one of the 12 ratios 0.26-0.38: the uint8 target
+(<= 0.4x) is met with a margin. bfloat16: 0.374 / 0.38 and 0.40 / 0.344. The breakdown and loaders on the
+code on main (``--modes bfloat16,uint8 --repeats 2``, us a token, pack 4096 / 8192; one more run of
+bfloat16 at 8192 with 2 workers, ``--repeats 3``, in brackets):
+
+================================  ==========================  ======================
+                                  bfloat16                    uint8
+================================  ==========================  ======================
+in one process                    14.0 / 12.7 (15.0)          14.3 / 13.0
+  read + decode / processor       4.5 / 4.1, 7.9 / 7.7        4.8 / 4.6, 7.8 / 7.4
+1 worker                          16.2 / 14.8                 14.6 / 13.7
+2 workers                         14.4 / 15.8 (14.4)          14.1 / 13.7
+2 workers / one process           1.03 / 1.25 (0.96)          1.05 / 1.06
+  the runs behind it              0.91, 1.15 / 1.23, 1.26     0.76, 1.34 / 1.14, 0.98
+                                  (0.96, 0.97, 0.92)
+scaling (2 workers / 2x one)      1.05 / 0.89                 0.91 / 0.97
+peak RSS of a worker              0.75 / 0.90 (0.88) GB       0.68 / 0.79 GB
+================================  ==========================  ======================
+
+Read + decode is now a third of the in-process CPU (32-36 %), the processor 55-61 %. bfloat16's worker
+ratio at pack 8192 swings on this VM from run to run (0.78 at stop 37, 1.25, then 0.92-0.97 here; the
+median of this stop's five runs 0.97).
 """
 
 from __future__ import annotations
