@@ -7,10 +7,10 @@ uint8 and its channel (`tokenize._pixels`: a ``[3, 256]`` table of the rescale a
 values themselves for the uint8 transport), so the table lookup and the reorder are one pass: a band of
 ``m * P`` rows is looked up into channel planes (a lookup a value, read once; for uint8 each channel split
 from the pixel read as one uint32), each patch's first frame copied out of them row by row, then its other
-frames copied from the first, several values a machine word. The kernels are compiled for one ``(P, m)``
-at a time, those two constants in the code: the copy of a patch row has a fixed length the compiler
-unrolls, about twice as fast as a loop of runtime length. Copies and lookups only: bit for bit what the
-numpy ops give.
+frames copied from the first, several values a machine word. The kernel is compiled for one ``(P, m)``
+at a time, those two constants in the code, so the copy of a patch row has a fixed length the compiler
+unrolls (with the frame copies, half the uint8 patchify's CPU of runtime-length copies a frame each).
+Copies and lookups only: bit for bit what the numpy ops give.
 """
 
 from __future__ import annotations
